@@ -1,0 +1,84 @@
+/* flash3: FlashAttention-3 for NVIDIA Hopper. C ABI.
+ *
+ * Every call validates all of its arguments before it touches the device and
+ * returns FLASH3_OK or an error code; on error nothing is launched and nothing
+ * is written, and flash3_last_error() returns a message naming the bad
+ * argument (per thread, valid until the next flash3 call on that thread).
+ *
+ * Tensors are described by pointer, shape and element strides in the layout
+ * (batch, seqlen, heads, headdim), as FlashAttention does. The last dimension
+ * must be contiguous (stride 1).
+ */
+#ifndef FLASH3_FLASH3_H_
+#define FLASH3_FLASH3_H_
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLASH3_VERSION_MAJOR 0
+#define FLASH3_VERSION_MINOR 1
+#define FLASH3_VERSION_PATCH 0
+
+typedef enum flash3_status {
+  FLASH3_OK = 0,
+  FLASH3_ERROR_INVALID_ARGUMENT = 1, /* a bad pointer, shape, stride, dtype or option */
+  FLASH3_ERROR_UNSUPPORTED = 2,      /* valid, but not implemented (head dim, dtype, ...) */
+  FLASH3_ERROR_NO_DEVICE = 3,        /* no CUDA device, or not a Hopper (sm_90) device */
+  FLASH3_ERROR_CUDA = 4,             /* the CUDA runtime or driver reported an error */
+  FLASH3_ERROR_INTERNAL = 5          /* a bug in flash3: please report it */
+} flash3_status;
+
+typedef enum flash3_dtype {
+  FLASH3_DTYPE_FLOAT16 = 1,
+  FLASH3_DTYPE_BFLOAT16 = 2,
+  FLASH3_DTYPE_FLOAT32 = 3, /* only for the log-sum-exp output */
+  FLASH3_DTYPE_FLOAT8_E4M3 = 4
+} flash3_dtype;
+
+/* A 4-d tensor (batch, seqlen, heads, headdim) in device memory.
+ * Strides are in elements; stride[3] must be 1. */
+typedef struct flash3_tensor {
+  void* data;
+  flash3_dtype dtype;
+  int64_t shape[4];
+  int64_t stride[4];
+} flash3_tensor;
+
+typedef struct flash3_forward_args {
+  flash3_tensor q;   /* (batch, seqlen_q, heads_q, headdim) */
+  flash3_tensor k;   /* (batch, seqlen_k, heads_k, headdim), heads_q % heads_k == 0 */
+  flash3_tensor v;   /* (batch, seqlen_k, heads_k, headdim) */
+  flash3_tensor out; /* like q; must not overlap itself */
+  /* Optional (NULL to skip): log-sum-exp of each row of scores, natural log,
+   * float32, contiguous (batch, heads_q, seqlen_q). Rows with no visible key
+   * (causal with seqlen_q > seqlen_k) get +INFINITY and an output of zeros,
+   * as FlashAttention does. */
+  float* softmax_lse;
+  /* Scale applied to Q K^T before the softmax; 0 means 1/sqrt(headdim). */
+  float softmax_scale;
+  /* Nonzero: causal mask aligned to the bottom-right corner, i.e. query row i
+   * sees keys j <= i + seqlen_k - seqlen_q. */
+  int causal;
+} flash3_forward_args;
+
+/* Exact attention forward, enqueued on `stream`. */
+flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t stream);
+
+/* The message of the last error on this thread ("" after a success). */
+const char* flash3_last_error(void);
+
+/* "major.minor.patch" */
+const char* flash3_version(void);
+
+/* A short name for a status code, e.g. "FLASH3_ERROR_INVALID_ARGUMENT". */
+const char* flash3_status_name(flash3_status status);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASH3_FLASH3_H_ */

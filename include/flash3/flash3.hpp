@@ -1,0 +1,82 @@
+// flash3: FlashAttention-3 for NVIDIA Hopper. C++ API.
+//
+// Same calls and rules as the C ABI in flash3.h: every call validates all of
+// its arguments before it touches the device; on error it launches nothing,
+// writes nothing and returns a Status whose message names the bad argument.
+// No exception crosses this boundary.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "flash3/flash3.h"
+
+namespace flash3 {
+
+enum class DType : int {
+  kFloat16 = FLASH3_DTYPE_FLOAT16,
+  kBFloat16 = FLASH3_DTYPE_BFLOAT16,
+  kFloat32 = FLASH3_DTYPE_FLOAT32,
+  kFloat8E4M3 = FLASH3_DTYPE_FLOAT8_E4M3,
+};
+
+enum class StatusCode : int {
+  kOk = FLASH3_OK,
+  kInvalidArgument = FLASH3_ERROR_INVALID_ARGUMENT,
+  kUnsupported = FLASH3_ERROR_UNSUPPORTED,
+  kNoDevice = FLASH3_ERROR_NO_DEVICE,
+  kCudaError = FLASH3_ERROR_CUDA,
+  kInternal = FLASH3_ERROR_INTERNAL,
+};
+
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+
+  bool ok() const { return code == StatusCode::kOk; }
+  explicit operator bool() const { return ok(); }
+};
+
+// A 4-d tensor (batch, seqlen, heads, headdim) in device memory; strides in
+// elements, the last one 1.
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::kBFloat16;
+  std::array<int64_t, 4> shape{};
+  std::array<int64_t, 4> stride{};
+
+  // A densely packed (batch, seqlen, heads, headdim) tensor.
+  static Tensor contiguous(void* data, DType dtype, int64_t batch, int64_t seqlen,
+                           int64_t heads, int64_t headdim) {
+    Tensor t;
+    t.data = data;
+    t.dtype = dtype;
+    t.shape = {batch, seqlen, heads, headdim};
+    t.stride = {seqlen * heads * headdim, heads * headdim, headdim, 1};
+    return t;
+  }
+};
+
+struct ForwardOptions {
+  // Causal mask aligned to the bottom-right corner: query row i sees keys
+  // j <= i + seqlen_k - seqlen_q (FlashAttention's convention).
+  bool causal = false;
+  // Scale applied to Q K^T; 0 means 1/sqrt(headdim).
+  float softmax_scale = 0.0f;
+};
+
+// Exact attention forward: out = softmax(scale * q k^T [masked]) v, per head;
+// heads_q may be a multiple of heads_k (GQA/MQA). softmax_lse (optional, may
+// be nullptr) receives the natural-log log-sum-exp, float32, contiguous
+// (batch, heads_q, seqlen_q); rows that see no key get +inf and zero output.
+Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+               float* softmax_lse, const ForwardOptions& options = {},
+               cudaStream_t stream = nullptr);
+
+// "major.minor.patch"
+const char* version();
+
+}  // namespace flash3

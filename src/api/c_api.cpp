@@ -1,0 +1,70 @@
+// The C ABI: converts flash3_* structs to the C++ API and keeps the last error.
+#include <string>
+
+#include "flash3/flash3.h"
+#include "flash3/flash3.hpp"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+#define FLASH3_STR2(x) #x
+#define FLASH3_STR(x) FLASH3_STR2(x)
+
+flash3::Tensor to_cpp(const flash3_tensor& t) {
+  flash3::Tensor r;
+  r.data = t.data;
+  r.dtype = static_cast<flash3::DType>(t.dtype);
+  for (int i = 0; i < 4; ++i) {
+    r.shape[i] = t.shape[i];
+    r.stride[i] = t.stride[i];
+  }
+  return r;
+}
+
+flash3_status finish(const flash3::Status& s) {
+  g_last_error = s.message;
+  return static_cast<flash3_status>(s.code);
+}
+
+}  // namespace
+
+extern "C" {
+
+flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_forward: args is null"});
+  }
+  flash3::ForwardOptions options;
+  options.causal = args->causal != 0;
+  options.softmax_scale = args->softmax_scale;
+  return finish(flash3::forward(to_cpp(args->q), to_cpp(args->k), to_cpp(args->v),
+                                to_cpp(args->out), args->softmax_lse, options, stream));
+}
+
+const char* flash3_last_error(void) { return g_last_error.c_str(); }
+
+const char* flash3_version(void) {
+  return FLASH3_STR(FLASH3_VERSION_MAJOR) "." FLASH3_STR(FLASH3_VERSION_MINOR) "." FLASH3_STR(
+      FLASH3_VERSION_PATCH);
+}
+
+const char* flash3_status_name(flash3_status status) {
+  switch (status) {
+    case FLASH3_OK:
+      return "FLASH3_OK";
+    case FLASH3_ERROR_INVALID_ARGUMENT:
+      return "FLASH3_ERROR_INVALID_ARGUMENT";
+    case FLASH3_ERROR_UNSUPPORTED:
+      return "FLASH3_ERROR_UNSUPPORTED";
+    case FLASH3_ERROR_NO_DEVICE:
+      return "FLASH3_ERROR_NO_DEVICE";
+    case FLASH3_ERROR_CUDA:
+      return "FLASH3_ERROR_CUDA";
+    case FLASH3_ERROR_INTERNAL:
+      return "FLASH3_ERROR_INTERNAL";
+  }
+  return "FLASH3_UNKNOWN_STATUS";
+}
+
+}  // extern "C"

@@ -1,0 +1,22 @@
+// Every argument check of the public calls, in one place. Pure host code: it
+// touches neither the device nor the memory behind the pointers, so it runs
+// (and is tested) on machines without a GPU.
+#pragma once
+
+#include "flash3/flash3.hpp"
+#include "params.hpp"
+
+namespace flash3::detail {
+
+// Head dimensions the forward kernels are built for.
+inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
+
+// Checks q, k, v, out, softmax_lse and options; on success fills `params`
+// (everything but the device fields) and returns an ok Status.
+Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        float* softmax_lse, const ForwardOptions& options,
+                        ForwardParams* params);
+
+const char* dtype_name(DType dtype);
+
+}  // namespace flash3::detail
