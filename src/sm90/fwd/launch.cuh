@@ -1,9 +1,63 @@
-// WIP: replaced by the warp-specialized kernel's launcher.
+// Host side of one forward instantiation: tensor maps, grid, launch.
 #pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <string>
+
 #include "api/dispatch.hpp"
+#include "kernel.cuh"
+#include "sm90/common/tensor_map.hpp"
+
 namespace flash3::detail {
+
 template <DType kDType, int kHeadDim>
-Status launch_forward_sm90(const ForwardParams&, cudaStream_t) {
-  return {StatusCode::kInternal, "flash3: kernel not written yet"};
+Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
+  using T = sm90::fwd::Traits<kDType, kHeadDim>;
+  constexpr int kSmemBytes = sm90::fwd::shared_storage_bytes<T>();
+  static_assert(kSmemBytes <= sm90::fwd::kMaxSmemPerBlock, "shared memory budget exceeded");
+
+  sm90::fwd::KernelArgs args{};
+  const TensorMapShape q{p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_stride};
+  const TensorMapShape k{p.k, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_stride};
+  const TensorMapShape v{p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_stride};
+  const TensorMapShape o{p.out, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.out_stride};
+  constexpr int kCols = sm90::kSwizzleCols16;
+  for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
+                   make_tensor_map(k, kCols, T::kBlockN, &args.k),
+                   make_tensor_map(v, kCols, T::kBlockN, &args.v),
+                   make_tensor_map(o, kCols, sm90::kMmaM, &args.o)}) {
+    if (!s.ok()) {
+      return s;
+    }
+  }
+  args.lse = p.softmax_lse;
+  args.seqlen_q = p.seqlen_q;
+  args.seqlen_k = p.seqlen_k;
+  args.heads_q = p.heads_q;
+  args.heads_per_kv_head = p.heads_q / p.heads_k;
+  args.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  args.softmax_scale = p.softmax_scale;
+
+  const long long tiles = static_cast<long long>(args.num_m_blocks) * p.heads_q * p.batch;
+  if (tiles > INT_MAX) {
+    return {StatusCode::kInvalidArgument,
+            "flash3::forward: batch * heads_q * ceil(seqlen_q / " + std::to_string(T::kBlockM) +
+                ") = " + std::to_string(tiles) + " tiles exceeds the grid limit 2^31-1"};
+  }
+  auto kernel = p.causal ? sm90::fwd::forward_kernel<T, true> : sm90::fwd::forward_kernel<T, false>;
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err == cudaSuccess) {
+    kernel<<<static_cast<unsigned>(tiles), T::kThreads, kSmemBytes, stream>>>(args);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess) {
+    return {StatusCode::kCudaError, std::string("flash3::forward: launch failed: ") +
+                                        cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+  }
+  return {};
 }
+
 }  // namespace flash3::detail

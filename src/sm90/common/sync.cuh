@@ -1,0 +1,74 @@
+// Synchronisation primitives of the Hopper kernels: mbarriers (transaction
+// barriers that TMA completes), named barriers between warpgroups, and the
+// register reallocation of warp-specialised kernels.
+#pragma once
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+namespace flash3::sm90 {
+
+// An mbarrier in shared memory: a phase completes when `count` arrivals and
+// all expected transaction bytes have landed.
+struct Mbarrier {
+  uint64_t word;
+
+  __device__ void init(uint32_t count) { cutlass::arch::ClusterBarrier::init(&word, count); }
+  // Producer side: one arrival that also announces `bytes` of TMA traffic.
+  __device__ void arrive_expect_tx(uint32_t bytes) {
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&word, bytes);
+  }
+  __device__ void arrive() { cutlass::arch::ClusterBarrier::arrive(&word); }
+  // Blocks until the phase of the given parity has completed.
+  __device__ void wait(uint32_t parity) { cutlass::arch::ClusterBarrier::wait(&word, parity); }
+};
+
+// Makes barrier initialisation visible to the async proxy (TMA) and the other warps.
+__device__ inline void fence_barrier_init() { cutlass::arch::fence_barrier_init(); }
+
+// Named hardware barriers (bar.sync). Id 0 is __syncthreads; every other use
+// has a name here.
+enum class NamedBarrier : uint32_t {
+  kEpilogueConsumer0 = 1,  // the threads of consumer warpgroup 0 before its TMA store
+  kEpilogueConsumer1 = 2,
+  kEpilogueConsumer2 = 3,
+};
+
+__device__ inline void named_barrier_sync(NamedBarrier id, uint32_t num_threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(static_cast<uint32_t>(id)), "r"(num_threads) : "memory");
+}
+
+template <uint32_t kRegisters>
+__device__ inline void registers_release() {
+  cutlass::arch::warpgroup_reg_dealloc<kRegisters>();
+}
+
+template <uint32_t kRegisters>
+__device__ inline void registers_acquire() {
+  cutlass::arch::warpgroup_reg_alloc<kRegisters>();
+}
+
+// Generic-proxy writes to shared memory (st.shared) become visible to the
+// async proxy (TMA store, wgmma) after this fence plus a barrier.
+__device__ inline void fence_view_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Ring position of a multi-stage pipeline: stage index and the parity of the
+// current pass over the ring.
+template <int kStages>
+struct PipelineState {
+  int stage = 0;
+  uint32_t phase = 0;
+
+  __device__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+}  // namespace flash3::sm90

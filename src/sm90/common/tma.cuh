@@ -1,0 +1,47 @@
+// Bulk tensor copies (TMA) between global and shared memory, over the 4-d
+// maps of tensor_map.hpp: coordinates are (col, row, head, batch).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace flash3::sm90 {
+
+__device__ inline uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// Global -> shared; completion is counted in bytes on `bar` (an Mbarrier word).
+__device__ inline void tma_load(const CUtensorMap* map, uint64_t* bar, void* smem, int col,
+                                int row, int head, int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_u32(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(col), "r"(row), "r"(head),
+      "r"(batch)
+      : "memory");
+}
+
+// Shared -> global; rows past the tensor's end are dropped.
+__device__ inline void tma_store(const CUtensorMap* map, const void* smem, int col, int row,
+                                 int head, int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(smem_u32(smem)), "r"(col), "r"(row), "r"(head), "r"(batch)
+      : "memory");
+}
+
+__device__ inline void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+// Waits until the committed stores have finished reading shared memory.
+__device__ inline void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+__device__ inline void tma_prefetch_descriptor(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+}  // namespace flash3::sm90

@@ -1,0 +1,108 @@
+// Warpgroup MMA (wgmma) on Hopper: shared-memory matrix descriptors for the
+// 128-byte-swizzled tiles that TMA writes, and calls of CuTe's MMA atoms with
+// the accumulator held in a plain register array.
+//
+// Tile layout used everywhere (16-bit elements): a tile of R rows by C
+// columns is stored as C/64 column blocks, each R rows of 128 bytes, with the
+// 16-byte chunks of row r XOR-ed by (r % 8) (TMA's SWIZZLE_128B). Tiles start
+// on 1024-byte boundaries, so the swizzle phase is the same for hardware and
+// software.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include <cute/arch/mma_sm90.hpp>
+
+namespace flash3::sm90 {
+
+namespace gmma = cute::SM90::GMMA;
+
+inline constexpr int kSwizzleRowBytes = 128;                        // one swizzled row
+inline constexpr int kSwizzleAtomBytes = 8 * kSwizzleRowBytes;      // 8 rows: one XOR period
+inline constexpr int kSwizzleCols16 = kSwizzleRowBytes / 2;         // 16-bit elements per row
+inline constexpr int kMmaK16 = 16;                                  // K of one 16-bit wgmma
+inline constexpr int kMmaM = 64;                                    // M of one wgmma (a warpgroup)
+
+// Bits of the wgmma shared-memory descriptor (PTX ISA, "Matrix Descriptor").
+__device__ inline uint64_t make_smem_desc(uint32_t smem_addr, uint32_t leading_bytes,
+                                          uint32_t stride_bytes) {
+  constexpr uint64_t kSwizzle128B = 1;
+  uint64_t desc = 0;
+  desc |= static_cast<uint64_t>((smem_addr & 0x3FFFF) >> 4);
+  desc |= static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16;
+  desc |= static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32;
+  desc |= kSwizzle128B << 62;
+  return desc;
+}
+
+// Operand whose reduction dimension is the contiguous one (Q and K in Q K^T):
+// rows at 128 B, 8-row groups at 1024 B; the leading offset is unused for
+// swizzled K-major layouts and set to one unit as CuTe does.
+__device__ inline uint64_t desc_k_major(uint32_t smem_addr) {
+  return make_smem_desc(smem_addr, 16, kSwizzleAtomBytes);
+}
+
+// Operand whose M/N dimension is the contiguous one (V in P V): 64-column
+// blocks `block_bytes` apart, 8-row groups of the reduction dim at 1024 B.
+__device__ inline uint64_t desc_mn_major(uint32_t smem_addr, uint32_t block_bytes) {
+  return make_smem_desc(smem_addr, block_bytes, kSwizzleAtomBytes);
+}
+
+template <class Element, int kN, gmma::Major kMajorB>
+using MmaSS = decltype(gmma::ss_op_selector<Element, Element, float,
+                                            cute::Shape<cute::_64, cute::Int<kN>, cute::_16>,
+                                            gmma::Major::K, kMajorB>());
+template <class Element, int kN, gmma::Major kMajorB>
+using MmaRS = decltype(gmma::rs_op_selector<Element, Element, float,
+                                            cute::Shape<cute::_64, cute::Int<kN>, cute::_16>,
+                                            gmma::Major::K, kMajorB>());
+
+namespace detail {
+template <class Op, size_t... I>
+__device__ __forceinline__ void mma_ss(uint64_t a, uint64_t b, float* d, gmma::ScaleOut scale,
+                                       std::index_sequence<I...>) {
+  Op::fma(a, b, d[I]..., scale);
+}
+template <class Op, size_t... I>
+__device__ __forceinline__ void mma_rs(const uint32_t* a, uint64_t b, float* d,
+                                       gmma::ScaleOut scale, std::index_sequence<I...>) {
+  Op::fma(a[0], a[1], a[2], a[3], b, d[I]..., scale);
+}
+}  // namespace detail
+
+// d (64 x kN per warpgroup, kN/2 floats per thread) (+)= A(smem) * B(smem).
+template <class Element, int kN, gmma::Major kMajorB, int kRegs>
+__device__ __forceinline__ void mma_ss(uint64_t desc_a, uint64_t desc_b, float (&d)[kRegs],
+                                       bool accumulate) {
+  using Op = MmaSS<Element, kN, kMajorB>;
+  static_assert(sizeof(typename Op::CRegisters) / sizeof(float) == kRegs, "wgmma N mismatch");
+  detail::mma_ss<Op>(desc_a, desc_b, d, accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
+                     std::make_index_sequence<kRegs>{});
+}
+
+// d += A(registers: 4 x 32-bit, one 64x16 fragment) * B(smem).
+template <class Element, int kN, gmma::Major kMajorB, int kRegs>
+__device__ __forceinline__ void mma_rs(const uint32_t* a, uint64_t desc_b, float (&d)[kRegs]) {
+  using Op = MmaRS<Element, kN, kMajorB>;
+  static_assert(sizeof(typename Op::CRegisters) / sizeof(float) == kRegs, "wgmma N mismatch");
+  detail::mma_rs<Op>(a, desc_b, d, gmma::ScaleOut::One, std::make_index_sequence<kRegs>{});
+}
+
+// Keeps the compiler from moving register reads/writes across wgmma issue/wait.
+template <class T, int kRegs>
+__device__ __forceinline__ void fence_operands(T (&regs)[kRegs]) {
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) {
+    cute::warpgroup_fence_operand(regs[i]);
+  }
+}
+
+__device__ __forceinline__ void mma_fence() { cute::warpgroup_arrive(); }
+__device__ __forceinline__ void mma_commit() { cute::warpgroup_commit_batch(); }
+template <int kPending>
+__device__ __forceinline__ void mma_wait() {
+  cute::warpgroup_wait<kPending>();
+}
+
+}  // namespace flash3::sm90

@@ -1,0 +1,78 @@
+// The warp-specialised forward kernel: warp roles only. Warpgroup 0 is the
+// producer (one thread issues every TMA load, the rest idle on few
+// registers); warpgroups 1.. are consumers, each owning 64 query rows.
+#pragma once
+
+#include "epilogue.cuh"
+#include "kernel_args.cuh"
+#include "mainloop.cuh"
+#include "mask.cuh"
+#include "scheduler.cuh"
+#include "softmax.cuh"
+#include "traits.cuh"
+
+namespace flash3::sm90::fwd {
+
+enum class WarpRole { kProducer, kConsumer };
+
+template <class T>
+__device__ __forceinline__ SharedStorage<T>& shared_storage() {
+  extern __shared__ uint8_t smem_raw[];
+  const uintptr_t base = reinterpret_cast<uintptr_t>(smem_raw);
+  const uintptr_t aligned = (base + kSmemAlignSlack - 1) & ~uintptr_t(kSmemAlignSlack - 1);
+  return *reinterpret_cast<SharedStorage<T>*>(aligned);
+}
+
+template <class T>
+__device__ void init_barriers(SharedStorage<T>& smem) {
+  smem.q_full.init(1);
+#pragma unroll
+  for (int s = 0; s < T::kStages; ++s) {
+    smem.k_full[s].init(1);  // the producer's arrive_expect_tx
+    smem.v_full[s].init(1);
+    smem.k_empty[s].init(T::kConsumerThreads);  // every consumer thread arrives
+    smem.v_empty[s].init(T::kConsumerThreads);
+  }
+}
+
+template <class T, bool kCausal>
+__global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_constant__ KernelArgs args) {
+  SharedStorage<T>& smem = shared_storage<T>();
+  const int warpgroup = threadIdx.x / T::kWarpgroupThreads;
+  const WarpRole role = warpgroup == 0 ? WarpRole::kProducer : WarpRole::kConsumer;
+
+  if (threadIdx.x == 0) {
+    init_barriers(smem);
+    tma_prefetch_descriptor(&args.q);
+    tma_prefetch_descriptor(&args.k);
+    tma_prefetch_descriptor(&args.v);
+    tma_prefetch_descriptor(&args.o);
+  }
+  fence_barrier_init();
+  __syncthreads();
+
+  const TileScheduler scheduler{args.num_m_blocks, args.heads_q};
+  const Tile tile = scheduler.tile<kCausal>(blockIdx.x);
+  const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
+  const int n_block_end = mask.n_block_end(tile.m_block);
+  Mainloop<T, kCausal> mainloop{smem, args};
+
+  if (role == WarpRole::kProducer) {
+    registers_release<T::kProducerRegisters>();
+    if (threadIdx.x == 0) {
+      mainloop.load(tile, n_block_end);
+    }
+  } else {
+    registers_acquire<T::kConsumerRegisters>();
+    float o[T::kOAccRegs];
+#pragma unroll
+    for (int i = 0; i < T::kOAccRegs; ++i) {
+      o[i] = 0.0f;
+    }
+    OnlineSoftmax softmax(args.softmax_scale);
+    mainloop.compute(tile, n_block_end, warpgroup - 1, o, softmax);
+    Epilogue<T>::store(smem, args, tile, warpgroup - 1, o, softmax);
+  }
+}
+
+}  // namespace flash3::sm90::fwd

@@ -1,0 +1,53 @@
+// What the forward kernel receives, and its shared-memory layout.
+#pragma once
+
+#include <cuda.h>
+
+#include "sm90/common/sync.cuh"
+#include "sm90/common/wgmma.cuh"
+
+namespace flash3::sm90::fwd {
+
+// Passed by value as a __grid_constant__ parameter: TMA reads the tensor maps
+// from parameter space.
+struct KernelArgs {
+  CUtensorMap q;  // box (64 cols, kBlockM rows)
+  CUtensorMap k;  // box (64 cols, kBlockN rows)
+  CUtensorMap v;  // box (64 cols, kBlockN rows)
+  CUtensorMap o;  // box (64 cols, 64 rows): one consumer warpgroup's rows
+  float* lse;     // (batch, heads_q, seqlen_q) or null
+  int seqlen_q;
+  int seqlen_k;
+  int heads_q;
+  int heads_per_kv_head;  // heads_q / heads_k (GQA group size)
+  int num_m_blocks;
+  float softmax_scale;
+};
+
+template <class T>
+struct SharedStorage {
+  using Element = typename T::Element;
+  // Q tile; each consumer warpgroup reuses its own rows to stage O for the TMA store.
+  alignas(kSwizzleAtomBytes) Element q[T::kBlockM * T::kHeadDimV];
+  alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDimV];
+  alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kBlockN * T::kHeadDimV];
+  Mbarrier q_full;
+  Mbarrier k_full[T::kStages];   // TMA landed K of a stage
+  Mbarrier k_empty[T::kStages];  // every consumer thread finished reading it
+  Mbarrier v_full[T::kStages];
+  Mbarrier v_empty[T::kStages];
+};
+
+// Dynamic shared memory is only guaranteed 16-byte aligned: the launch adds
+// this much slack and the kernel rounds the base up to the swizzle atom.
+inline constexpr int kSmemAlignSlack = kSwizzleAtomBytes;
+
+template <class T>
+constexpr int shared_storage_bytes() {
+  return static_cast<int>(sizeof(SharedStorage<T>)) + kSmemAlignSlack;
+}
+
+// Hopper: 227 KB of shared memory per block.
+inline constexpr int kMaxSmemPerBlock = 227 * 1024;
+
+}  // namespace flash3::sm90::fwd

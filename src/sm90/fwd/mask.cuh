@@ -1,0 +1,58 @@
+// Which key blocks a query tile visits, which of them need element masking,
+// and the masking itself: the causal limit (aligned to the bottom-right
+// corner) and the end of the key sequence, as one policy.
+#pragma once
+
+#include <cmath>
+
+namespace flash3::sm90::fwd {
+
+template <int kBlockM, int kBlockN, bool kCausal>
+struct Mask {
+  int seqlen_q;
+  int seqlen_k;
+
+  // Query row i sees keys j <= i + causal_offset().
+  __device__ int causal_offset() const { return seqlen_k - seqlen_q; }
+
+  // Key blocks [0, n_block_end) hold every key any row of the tile sees.
+  __device__ int n_block_end(int m_block) const {
+    const int n_blocks = (seqlen_k + kBlockN - 1) / kBlockN;
+    if (!kCausal) {
+      return n_blocks;
+    }
+    const int last_row = min((m_block + 1) * kBlockM, seqlen_q) - 1;
+    const int last_key = last_row + causal_offset();
+    if (last_key < 0) {
+      return 0;
+    }
+    return min(n_blocks, last_key / kBlockN + 1);
+  }
+
+  // True if some element of key block n_block is hidden from some row of the tile.
+  __device__ bool needs_mask(int m_block, int n_block) const {
+    const int block_last_key = (n_block + 1) * kBlockN - 1;
+    if (block_last_key >= seqlen_k) {
+      return true;
+    }
+    return kCausal && block_last_key > m_block * kBlockM + causal_offset();
+  }
+
+  // Sets hidden scores of one thread's accumulator to -inf. The accumulator
+  // follows the wgmma layout: s[4j + e] is row `row0` (e < 2) or `row0 + 8`
+  // (e >= 2), key column `col0 + 8j + (e & 1)`.
+  template <int kRegs>
+  __device__ void apply(float (&s)[kRegs], int row0, int col0) const {
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) {
+      const int row = row0 + ((i & 2) ? 8 : 0);
+      const int col = col0 + (i / 4) * 8 + (i & 1);
+      const int limit = kCausal ? min(seqlen_k, row + causal_offset() + 1) : seqlen_k;
+      if (col >= limit) {
+        s[i] = -INFINITY;
+      }
+    }
+  }
+};
+
+}  // namespace flash3::sm90::fwd

@@ -1,0 +1,82 @@
+// The one table of forward-kernel choices per (dtype, head dim), and every
+// size derived from it.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+#include "flash3/flash3.hpp"
+#include "sm90/common/wgmma.cuh"
+
+namespace flash3::sm90::fwd {
+
+template <int kHeadDim>
+struct TileConfig;
+
+// kBlockM: query rows per CTA (64 per consumer warpgroup).
+// kBlockN: key rows per pipeline stage; the S accumulator is kBlockN/2 floats
+//          per thread, the O accumulator kHeadDim/2.
+// kStages: depth of the K and V rings.
+// Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D.
+template <>
+struct TileConfig<64> {
+  // 16 KB Q + 4 x 16 KB K/V: small tiles, so a deeper ring is free.
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3;
+};
+template <>
+struct TileConfig<128> {
+  // 32 KB Q + 4 x 32 KB K/V = 160 KB; S (64 regs) + O (64 regs) fit easily.
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+};
+template <>
+struct TileConfig<256> {
+  // O alone takes 128 registers per thread, so S stays at 64 columns
+  // (32 regs); 64 KB Q + 4 x 32 KB K/V = 192 KB.
+  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 2;
+};
+
+template <DType kDType>
+struct ElementOf;
+template <>
+struct ElementOf<DType::kFloat16> {
+  using type = cutlass::half_t;
+};
+template <>
+struct ElementOf<DType::kBFloat16> {
+  using type = cutlass::bfloat16_t;
+};
+
+template <DType kDType, int kHeadDim>
+struct Traits : TileConfig<kHeadDim> {
+  using Config = TileConfig<kHeadDim>;
+  using Element = typename ElementOf<kDType>::type;
+  static constexpr DType kDataType = kDType;
+  static constexpr int kHeadDimV = kHeadDim;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kStages = Config::kStages;
+
+  // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma + softmax).
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kConsumerWarpgroups = kBlockM / kMmaM;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
+  static constexpr int kThreads = kWarpgroupThreads + kConsumerThreads;
+
+  // setmaxnreg budgets: 65536 registers per SM, one CTA per SM; the producer
+  // needs only addresses, the consumers hold S, P and O.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(kConsumerWarpgroups == 2, "register budgets are set for 2 consumer warpgroups");
+  static_assert(kProducerRegisters * kWarpgroupThreads +
+                    kConsumerRegisters * kConsumerThreads <= 65536,
+                "register budget exceeds the SM");
+
+  static constexpr int kColBlocks = kHeadDim / kSwizzleCols16;  // 64-column swizzle blocks
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kSAccRegs = kBlockN / 2;   // 64 x kBlockN fp32 over 128 threads
+  static constexpr int kOAccRegs = kHeadDim / 2;  // 64 x kHeadDim fp32 over 128 threads
+  static_assert(kHeadDim % kSwizzleCols16 == 0, "head dim must be a multiple of 64");
+  static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
+};
+
+}  // namespace flash3::sm90::fwd
