@@ -34,10 +34,16 @@ enum class NamedBarrier : uint32_t {
   kEpilogueConsumer0 = 1,  // the threads of consumer warpgroup 0 before its TMA store
   kEpilogueConsumer1 = 2,
   kEpilogueConsumer2 = 3,
+  kSchedulerConsumer0 = 4,  // ping-pong: consumer warpgroup 0 may issue its GEMMs
+  kSchedulerConsumer1 = 5,
 };
 
 __device__ inline void named_barrier_sync(NamedBarrier id, uint32_t num_threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(static_cast<uint32_t>(id)), "r"(num_threads) : "memory");
+}
+
+__device__ inline void named_barrier_arrive(NamedBarrier id, uint32_t num_threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(static_cast<uint32_t>(id)), "r"(num_threads) : "memory");
 }
 
 template <uint32_t kRegisters>

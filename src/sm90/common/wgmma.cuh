@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <utility>
 
+// N = 80, 176, ... (multiples of 8 that are not multiples of 16/32) live in the extended set.
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cute/arch/mma_sm90.hpp>
 
 namespace flash3::sm90 {

@@ -12,9 +12,10 @@
 
 namespace flash3::detail {
 
-template <DType kDType, int kHeadDim>
-Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
-  using T = sm90::fwd::Traits<kDType, kHeadDim>;
+// One (dtype, head dim, causal) variant.
+template <DType kDType, int kHeadDim, bool kCausal>
+Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
+  using T = sm90::fwd::Traits<kDType, kHeadDim, kCausal>;
   constexpr int kSmemBytes = sm90::fwd::shared_storage_bytes<T>();
   static_assert(kSmemBytes <= sm90::fwd::kMaxSmemPerBlock, "shared memory budget exceeded");
 
@@ -46,7 +47,7 @@ Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
             "flash3::forward: batch * heads_q * ceil(seqlen_q / " + std::to_string(T::kBlockM) +
                 ") = " + std::to_string(tiles) + " tiles exceeds the grid limit 2^31-1"};
   }
-  auto kernel = p.causal ? sm90::fwd::forward_kernel<T, true> : sm90::fwd::forward_kernel<T, false>;
+  auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
   cudaError_t err =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err == cudaSuccess) {
@@ -58,6 +59,12 @@ Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
                                         cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
   }
   return {};
+}
+
+template <DType kDType, int kHeadDim>
+Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
+  return p.causal ? launch_variant<kDType, kHeadDim, true>(p, stream)
+                  : launch_variant<kDType, kHeadDim, false>(p, stream);
 }
 
 }  // namespace flash3::detail

@@ -1,12 +1,9 @@
 // The forward mainloop: the producer's TMA loads and a consumer warpgroup's
 // GEMMs and softmax over the key blocks of one query tile.
 //
-// Order, per key block n (from the last block down, so the masked blocks
-// come first): S = Q K_n^T (wgmma, both operands in shared memory); release
-// K_n; mask; online softmax; P = S in 16-bit registers; O += P V_n (wgmma, P
-// from registers); release V_n. Issue 3 overlaps these (ping-pong between the
-// two consumer warpgroups, and the GEMM of block n-1 issued before the
-// softmax of block n).
+// S = Q K^T takes both operands from shared memory; O += P V takes P from
+// registers (the S accumulator layout is already a valid A fragment once
+// converted to 16 bits). Consumer order: see compute().
 #pragma once
 
 #include <cuda_bf16.h>
@@ -120,45 +117,109 @@ struct Mainloop {
     fence_operands(o);
   }
 
+  // Ping-pong between the two consumer warpgroups: a warpgroup issues its
+  // GEMMs only in its turn and then hands the turn over, so one warpgroup's
+  // softmax runs while the other's GEMMs keep the tensor cores busy.
+  __device__ static void wait_for_turn(int warpgroup) {
+    if constexpr (T::kPingPong) {
+      named_barrier_sync(scheduler_barrier(warpgroup), T::kConsumerThreads);
+    }
+  }
+  __device__ static void pass_turn(int warpgroup) {
+    if constexpr (T::kPingPong) {
+      named_barrier_arrive(scheduler_barrier(1 - warpgroup), T::kConsumerThreads);
+    }
+  }
+  __device__ static NamedBarrier scheduler_barrier(int warpgroup) {
+    return static_cast<NamedBarrier>(static_cast<uint32_t>(NamedBarrier::kSchedulerConsumer0) +
+                                     warpgroup);
+  }
+  // Consumer 0 moves first: consumer 1 pre-arrives on consumer 0's turn.
+  __device__ static void start_turns(int warpgroup) {
+    if (warpgroup == 1) {
+      pass_turn(warpgroup);
+    }
+  }
+
+  __device__ void scores_to_p(const float (&s)[T::kSAccRegs], uint32_t (&p)[T::kSAccRegs / 2]) {
+#pragma unroll
+    for (int i = 0; i < T::kSAccRegs / 2; ++i) {
+      p[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+    }
+  }
+
+  __device__ static void rescale_o(float (&o)[T::kOAccRegs], const float (&rescale)[2]) {
+#pragma unroll
+    for (int i = 0; i < T::kOAccRegs; ++i) {
+      o[i] *= rescale[acc_row(i)];
+    }
+  }
+
+  // Overlap order within a warpgroup, per key block n (from the last block
+  // down, so the masked blocks come first):
+  //   issue S_n = Q K_n^T; rescale O; issue O += P_{n+1} V_{n+1};
+  //   wait S_n; softmax(S_n) while the PV GEMM runs; wait PV; P_n = S_n.
   __device__ void compute(const Tile& tile, int n_block_end, int warpgroup,
                           float (&o)[T::kOAccRegs], OnlineSoftmax& softmax) {
     const Mask<kBlockM, kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
     const FragmentCoord c = FragmentCoord::current();
     const int row0 = tile.m_block * kBlockM + warpgroup * kMmaM + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
-
-    smem.q_full.wait(0);
-    Pipeline pipe;
-    for (int n = n_block_end - 1; n >= 0; --n) {
-      float s[T::kSAccRegs];
-      smem.k_full[pipe.stage].wait(pipe.phase);
-      gemm_qk(q_addr, smem_u32(smem.k[pipe.stage]), s);
-      mma_wait<0>();
-      fence_operands(s);
-      smem.k_empty[pipe.stage].arrive();
-
+    auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
       if (mask.needs_mask(tile.m_block, n)) {
         mask.apply(s, row0, n * kBlockN + c.col);
       }
-      float rescale[OnlineSoftmax::kRows];
       softmax.step(s, rescale);
-#pragma unroll
-      for (int i = 0; i < T::kOAccRegs; ++i) {
-        o[i] *= rescale[acc_row(i)];
-      }
-      uint32_t p[T::kSAccRegs / 2];
-#pragma unroll
-      for (int i = 0; i < T::kSAccRegs / 2; ++i) {
-        p[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
-      }
+    };
 
-      smem.v_full[pipe.stage].wait(pipe.phase);
-      gemm_pv(p, smem_u32(smem.v[pipe.stage]), o);
+    smem.q_full.wait(0);
+    if (n_block_end <= 0) {
+      return;
+    }
+    start_turns(warpgroup);
+    Pipeline k_pipe;
+    float rescale[OnlineSoftmax::kRows];
+    uint32_t p[T::kSAccRegs / 2];
+    {
+      float s[T::kSAccRegs];
+      wait_for_turn(warpgroup);
+      smem.k_full[k_pipe.stage].wait(k_pipe.phase);
+      gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
+      pass_turn(warpgroup);
+      mma_wait<0>();
+      fence_operands(s);
+      smem.k_empty[k_pipe.stage].arrive();
+      softmax_step(s, n_block_end - 1, rescale);
+      scores_to_p(s, p);
+    }
+    Pipeline v_pipe = k_pipe;  // V of a block sits in the same stage as its K
+    k_pipe.advance();
+    for (int n = n_block_end - 2; n >= 0; --n) {
+      float s[T::kSAccRegs];
+      wait_for_turn(warpgroup);
+      smem.k_full[k_pipe.stage].wait(k_pipe.phase);
+      gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
+      rescale_o(o, rescale);
+      smem.v_full[v_pipe.stage].wait(v_pipe.phase);
+      gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
+      pass_turn(warpgroup);
+      mma_wait<1>();  // S_n is ready; the PV GEMM may still run
+      fence_operands(s);
+      smem.k_empty[k_pipe.stage].arrive();
+      softmax_step(s, n, rescale);
       mma_wait<0>();
       fence_operands(o);
-      smem.v_empty[pipe.stage].arrive();
-      pipe.advance();
+      smem.v_empty[v_pipe.stage].arrive();
+      scores_to_p(s, p);
+      v_pipe = k_pipe;
+      k_pipe.advance();
     }
+    rescale_o(o, rescale);
+    smem.v_full[v_pipe.stage].wait(v_pipe.phase);
+    gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
+    mma_wait<0>();
+    fence_operands(o);
+    smem.v_empty[v_pipe.stage].arrive();
   }
 };
 

@@ -9,29 +9,35 @@
 
 namespace flash3::sm90::fwd {
 
-template <int kHeadDim>
+template <int kHeadDim, bool kCausal>
 struct TileConfig;
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
 // kBlockN: key rows per pipeline stage; the S accumulator is kBlockN/2 floats
-//          per thread, the O accumulator kHeadDim/2.
+//          per thread, P kBlockN/4 registers, O kHeadDim/2 floats.
 // kStages: depth of the K and V rings.
+// kPingPong: the two consumer warpgroups take turns issuing GEMMs.
 // Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D.
-template <>
-struct TileConfig<64> {
-  // 16 KB Q + 4 x 16 KB K/V: small tiles, so a deeper ring is free.
+template <bool kCausal>
+struct TileConfig<64, kCausal> {
+  // 16 KB Q + 6 x 16 KB K/V: small tiles, so a deeper ring is free.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3;
+  static constexpr bool kPingPong = true;
 };
-template <>
-struct TileConfig<128> {
-  // 32 KB Q + 4 x 32 KB K/V = 160 KB; S (64 regs) + O (64 regs) fit easily.
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+template <bool kCausal>
+struct TileConfig<128, kCausal> {
+  // Non-causal: 176 keys per block amortise the softmax and barrier cost over
+  // more GEMM work (S 88 + P 44 + O 64 registers); causal keeps 128 so that
+  // the diagonal blocks waste less. 32 KB Q + 4 x 44 KB K/V = 208 KB.
+  static constexpr int kBlockM = 128, kBlockN = kCausal ? 128 : 176, kStages = 2;
+  static constexpr bool kPingPong = true;
 };
-template <>
-struct TileConfig<256> {
-  // O alone takes 128 registers per thread, so S stays at 64 columns
-  // (32 regs); 64 KB Q + 4 x 32 KB K/V = 192 KB.
-  static constexpr int kBlockM = 128, kBlockN = 64, kStages = 2;
+template <bool kCausal>
+struct TileConfig<256, kCausal> {
+  // O alone takes 128 registers per thread, so S stays at 80 columns
+  // (40 regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits.
+  static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
+  static constexpr bool kPingPong = true;
 };
 
 template <DType kDType>
@@ -45,15 +51,16 @@ struct ElementOf<DType::kBFloat16> {
   using type = cutlass::bfloat16_t;
 };
 
-template <DType kDType, int kHeadDim>
-struct Traits : TileConfig<kHeadDim> {
-  using Config = TileConfig<kHeadDim>;
+template <DType kDType, int kHeadDim, bool kCausal>
+struct Traits {
+  using Config = TileConfig<kHeadDim, kCausal>;
   using Element = typename ElementOf<kDType>::type;
   static constexpr DType kDataType = kDType;
   static constexpr int kHeadDimV = kHeadDim;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kStages = Config::kStages;
+  static constexpr bool kPingPong = Config::kPingPong;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma + softmax).
   static constexpr int kWarpgroupThreads = 128;
