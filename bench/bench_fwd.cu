@@ -1,0 +1,367 @@
+// flash3_bench: forward throughput of flash3 over the grid of shared/TARGETS.md.
+//
+// Every cell has batch x seqlen = 16384 tokens (one batch from seqlen 16384 up) and
+// hidden 2048, so heads = 2048 / headdim. Inputs are random normal, made on the GPU.
+// Each figure is the median of --iters CUDA-event timings of one flash3::forward call
+// (writing the log-sum-exp too, as the Python API does) after --warmup calls.
+// FLOPs = 4 * batch * heads * seqlen^2 * headdim, halved when causal.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "flash3/flash3.hpp"
+
+namespace {
+
+constexpr int64_t kTokens = 16384;  // batch * seqlen of every cell
+constexpr int64_t kHidden = 2048;   // heads * headdim of every cell
+
+enum ExitCode { kExitOk = 0, kExitCallFailed = 1, kExitNoHopper = 2, kExitUsage = 3 };
+
+const char kUsage[] =
+    "usage: flash3_bench [options]\n"
+    "  --dtype bf16|fp16|all         (default all)\n"
+    "  --headdim LIST|all            comma-separated, from 64,128,256 (default all)\n"
+    "  --causal 0|1|all              (default all)\n"
+    "  --seqlen LIST|all             comma-separated (default 512,1024,2048,4096,8192,16384)\n"
+    "  --warmup N                    untimed calls per cell (default 5)\n"
+    "  --iters N                     timed calls per cell, median reported (default 20)\n"
+    "  --json PATH                   also write the results as JSON\n"
+    "  --commit SHA                  recorded in the JSON metadata\n"
+    "exit codes: 0 every cell ran; 1 a flash3 or CUDA call failed (its row says why, the\n"
+    "other cells still run); 2 no Hopper (sm_90) GPU; 3 bad command line\n";
+
+struct Options {
+  std::vector<flash3::DType> dtypes{flash3::DType::kBFloat16, flash3::DType::kFloat16};
+  std::vector<int> headdims{64, 128, 256};
+  std::vector<int> causals{0, 1};
+  std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
+  int warmup = 5;
+  int iters = 20;
+  std::string json_path;
+  std::string commit;
+};
+
+struct Record {
+  flash3::DType dtype;
+  int headdim, causal, batch, seqlen, heads;
+  double ms_median = 0, tflops = 0;
+  std::string error;  // empty when the cell ran
+};
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "flash3_bench: %s\n%s", message.c_str(), kUsage);
+  std::exit(kExitUsage);
+}
+
+// "all" -> `all`; else a comma-separated list of positive integers.
+std::vector<int> parse_ints(const std::string& flag, const std::string& text,
+                            const std::vector<int>& all) {
+  if (text == "all") {
+    return all;
+  }
+  std::vector<int> values;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    char* end = nullptr;
+    const long value = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || value < 0 || value > (1 << 30)) {
+      usage_error(flag + ": '" + text + "' is not a list of integers or 'all'");
+    }
+    values.push_back(static_cast<int>(value));
+  }
+  return values;
+}
+
+int parse_int(const std::string& flag, const std::string& text) {
+  const std::vector<int> values = parse_ints(flag, text, {});
+  if (values.size() != 1) {
+    usage_error(flag + " takes one integer");
+  }
+  return values[0];
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(kExitOk);
+    }
+    if (i + 1 >= argc) {
+      usage_error(flag + " needs a value");
+    }
+    const std::string value = argv[++i];
+    if (flag == "--dtype") {
+      if (value == "bf16" || value == "fp16") {
+        o.dtypes = {value == "bf16" ? flash3::DType::kBFloat16 : flash3::DType::kFloat16};
+      } else if (value != "all") {
+        usage_error("--dtype must be bf16, fp16 or all");
+      }
+    } else if (flag == "--headdim") {
+      o.headdims = parse_ints(flag, value, o.headdims);
+    } else if (flag == "--causal") {
+      o.causals = parse_ints(flag, value, o.causals);
+    } else if (flag == "--seqlen") {
+      o.seqlens = parse_ints(flag, value, o.seqlens);
+    } else if (flag == "--warmup") {
+      o.warmup = parse_int(flag, value);
+    } else if (flag == "--iters") {
+      o.iters = parse_int(flag, value);
+    } else if (flag == "--json") {
+      o.json_path = value;
+    } else if (flag == "--commit") {
+      o.commit = value;
+    } else {
+      usage_error("unknown option " + flag);
+    }
+  }
+  for (int c : o.causals) {
+    if (c != 0 && c != 1) {
+      usage_error("--causal must be 0, 1 or all");
+    }
+  }
+  for (int d : o.headdims) {
+    if (d <= 0 || kHidden % d != 0) {
+      usage_error("--headdim " + std::to_string(d) + " does not divide hidden " +
+                  std::to_string(kHidden));
+    }
+  }
+  if (o.iters < 1 || std::count(o.seqlens.begin(), o.seqlens.end(), 0) > 0) {
+    usage_error("--iters and every --seqlen must be at least 1");
+  }
+  return o;
+}
+
+// "" if device 0 is a Hopper GPU, else why not.
+std::string hopper_problem(cudaDeviceProp* prop) {
+  int count = 0;
+  if (cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess) {
+    return std::string("no CUDA device (") + cudaGetErrorString(err) + ")";
+  }
+  if (count == 0) {
+    return "no CUDA device";
+  }
+  cudaGetDeviceProperties(prop, 0);
+  if (prop->major != 9 || prop->minor != 0) {
+    return std::string(prop->name) + " is sm_" + std::to_string(prop->major * 10 + prop->minor) +
+           ", not a Hopper (sm_90) GPU";
+  }
+  return "";
+}
+
+// Standard normal samples from a counter hash (splitmix64) and Box-Muller: no curand.
+__device__ uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+template <class T>
+__global__ void fill_normal(T* data, int64_t n, uint64_t seed) {
+  constexpr float kTwoPi = 6.2831853071795864f;
+  constexpr float kTwoToMinus32 = 2.3283064365386963e-10f;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const uint64_t bits = splitmix64(seed ^ splitmix64(i));
+    const float u1 = (static_cast<uint32_t>(bits) + 1.0f) * kTwoToMinus32;  // (0, 1]
+    const float u2 = static_cast<uint32_t>(bits >> 32) * kTwoToMinus32;     // [0, 1)
+    data[i] = static_cast<T>(sqrtf(-2.0f * logf(u1)) * cosf(kTwoPi * u2));
+  }
+}
+
+void fill(void* data, flash3::DType dtype, int64_t n, uint64_t seed, cudaStream_t stream) {
+  constexpr int kThreads = 256, kBlocks = 1024;
+  if (dtype == flash3::DType::kBFloat16) {
+    fill_normal<<<kBlocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(data), n, seed);
+  } else {
+    fill_normal<<<kBlocks, kThreads, 0, stream>>>(static_cast<__half*>(data), n, seed);
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// Median milliseconds of `iters` calls of `call` (after `warmup`), or the first error.
+template <class Call>
+flash3::Status time_median(Call call, int warmup, int iters, cudaStream_t stream, double* ms) {
+  for (int i = 0; i < warmup; ++i) {
+    if (flash3::Status s = call(); !s) {
+      return s;
+    }
+  }
+  std::vector<cudaEvent_t> start(iters), stop(iters);
+  for (int i = 0; i < iters; ++i) {
+    cudaEventCreate(&start[i]);
+    cudaEventCreate(&stop[i]);
+  }
+  flash3::Status status;
+  for (int i = 0; i < iters && status; ++i) {
+    cudaEventRecord(start[i], stream);
+    status = call();
+    cudaEventRecord(stop[i], stream);
+  }
+  if (cudaError_t err = cudaStreamSynchronize(stream); status && err != cudaSuccess) {
+    status = {flash3::StatusCode::kCudaError, cudaGetErrorString(err)};
+  }
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    cudaEventElapsedTime(&t, start[i], stop[i]);
+    times.push_back(t);
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(stop[i]);
+  }
+  *ms = median(times);
+  return status;
+}
+
+const char* dtype_name(flash3::DType dtype) {
+  return dtype == flash3::DType::kBFloat16 ? "bf16" : "fp16";
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+    }
+    out += (static_cast<unsigned char>(c) < 0x20) ? ' ' : c;
+  }
+  return out + "\"";
+}
+
+bool write_json(const std::string& path, const Options& o, const cudaDeviceProp& prop,
+                const std::vector<Record>& records) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    return false;
+  }
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  std::fprintf(f,
+               "{\"meta\": {\"tool\": \"flash3_bench\", \"device\": %s, \"date\": \"%s\", "
+               "\"commit\": %s, \"flash3_version\": \"%s\", \"cuda_runtime\": %d, "
+               "\"cuda_driver\": %d, \"warmup\": %d, \"iters\": %d},\n \"records\": [",
+               json_string(prop.name).c_str(), date,
+               o.commit.empty() ? "null" : json_string(o.commit).c_str(), flash3::version(),
+               runtime, driver, o.warmup, o.iters);
+  for (size_t i = 0; i < records.size(); ++i) {
+    const Record& r = records[i];
+    std::fprintf(f,
+                 "%s\n  {\"dtype\": \"%s\", \"headdim\": %d, \"causal\": %s, \"batch\": %d, "
+                 "\"seqlen\": %d, \"heads\": %d, ",
+                 i ? "," : "", dtype_name(r.dtype), r.headdim, r.causal ? "true" : "false",
+                 r.batch, r.seqlen, r.heads);
+    if (r.error.empty()) {
+      std::fprintf(f, "\"ms_median\": %.6f, \"tflops\": %.3f}", r.ms_median, r.tflops);
+    } else {
+      std::fprintf(f, "\"ms_median\": null, \"tflops\": null, \"error\": %s}",
+                   json_string(r.error).c_str());
+    }
+  }
+  std::fprintf(f, "\n]}\n");
+  return std::fclose(f) == 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse_options(argc, argv);
+  cudaDeviceProp prop{};
+  if (std::string problem = hopper_problem(&prop); !problem.empty()) {
+    std::fprintf(stderr, "flash3_bench: needs a Hopper (sm_90) GPU: %s\n", problem.c_str());
+    return kExitNoHopper;
+  }
+  // One allocation per tensor, big enough for every cell: cells use a prefix.
+  const int64_t max_tokens =
+      std::max<int64_t>(kTokens, *std::max_element(o.seqlens.begin(), o.seqlens.end()));
+  const int64_t elements = max_tokens * kHidden;
+  const int64_t max_heads = kHidden / *std::min_element(o.headdims.begin(), o.headdims.end());
+  void *q, *k, *v, *out;
+  float* lse;
+  cudaStream_t stream;
+  for (void** p : {&q, &k, &v, &out}) {
+    if (cudaMalloc(p, elements * sizeof(__half)) != cudaSuccess) {
+      std::fprintf(stderr, "flash3_bench: cudaMalloc of %lld elements failed\n",
+                   static_cast<long long>(elements));
+      return kExitCallFailed;
+    }
+  }
+  if (cudaMalloc(&lse, max_tokens * max_heads * sizeof(float)) != cudaSuccess ||
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    std::fprintf(stderr, "flash3_bench: cannot allocate the log-sum-exp or a stream\n");
+    return kExitCallFailed;
+  }
+
+  std::printf("flash3 %s on %s, median of %d calls after %d warm-up\n", flash3::version(),
+              prop.name, o.iters, o.warmup);
+  std::printf("%-5s %5s %6s %5s %6s %5s %10s %8s\n", "dtype", "hdim", "causal", "batch",
+              "seqlen", "heads", "ms", "TFLOP/s");
+  std::vector<Record> records;
+  int exit_code = kExitOk;
+  for (flash3::DType dtype : o.dtypes) {
+    uint64_t seed = 0;
+    for (void* p : {q, k, v}) {
+      fill(p, dtype, elements, ++seed, stream);
+    }
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
+      std::fprintf(stderr, "flash3_bench: filling the inputs failed: %s\n", cudaGetErrorString(err));
+      return kExitCallFailed;
+    }
+    for (int headdim : o.headdims) {
+      for (int causal : o.causals) {
+        for (int seqlen : o.seqlens) {
+          Record r{dtype, headdim, causal, static_cast<int>(std::max<int64_t>(1, kTokens / seqlen)),
+                   seqlen, static_cast<int>(kHidden / headdim)};
+          const auto tensor = [&](void* data) {
+            return flash3::Tensor::contiguous(data, dtype, r.batch, seqlen, r.heads, headdim);
+          };
+          const flash3::Tensor tq = tensor(q), tk = tensor(k), tv = tensor(v), to = tensor(out);
+          flash3::ForwardOptions options;
+          options.causal = causal != 0;
+          const flash3::Status s = time_median(
+              [&] { return flash3::forward(tq, tk, tv, to, lse, options, stream); }, o.warmup,
+              o.iters, stream, &r.ms_median);
+          std::printf("%-5s %5d %6d %5d %6d %5d ", dtype_name(dtype), headdim, causal, r.batch,
+                      seqlen, r.heads);
+          if (s) {
+            const double flops = 4.0 * r.batch * r.heads * double(seqlen) * seqlen * headdim /
+                                 (causal ? 2 : 1);
+            r.tflops = flops / (r.ms_median * 1e-3) / 1e12;
+            std::printf("%10.4f %8.1f\n", r.ms_median, r.tflops);
+          } else {
+            r.error = s.message;
+            exit_code = kExitCallFailed;
+            std::printf("failed: %s\n", s.message.c_str());
+          }
+          std::fflush(stdout);
+          records.push_back(r);
+        }
+      }
+    }
+  }
+  if (!o.json_path.empty() && !write_json(o.json_path, o, prop, records)) {
+    std::fprintf(stderr, "flash3_bench: cannot write %s\n", o.json_path.c_str());
+    exit_code = kExitCallFailed;
+  }
+  return exit_code;
+}

@@ -1,0 +1,95 @@
+"""ctypes bindings to libflash3.so: struct mirrors of flash3.h, loading, errors.
+
+No PyTorch here: this module works (and is tested) on machines without it.
+"""
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+LIBRARY_ENV = "FLASH3_LIBRARY"
+LIBRARY_NAME = "libflash3.so"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+# Searched in order when FLASH3_LIBRARY is not set.
+SEARCH_PATHS = (_PACKAGE_DIR / LIBRARY_NAME, _PACKAGE_DIR.parents[1] / "build" / LIBRARY_NAME)
+
+# flash3_status and flash3_dtype values, named as in flash3.h less the FLASH3_ prefix.
+OK, ERROR_INVALID_ARGUMENT, ERROR_UNSUPPORTED, ERROR_NO_DEVICE, ERROR_CUDA, ERROR_INTERNAL = range(6)
+DTYPE_FLOAT16, DTYPE_BFLOAT16, DTYPE_FLOAT32, DTYPE_FLOAT8_E4M3 = 1, 2, 3, 4
+
+
+class LibraryNotFoundError(RuntimeError):
+    """libflash3.so could not be found or loaded."""
+
+
+class Tensor(ctypes.Structure):
+    """flash3_tensor: (batch, seqlen, heads, headdim), strides in elements."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),  # flash3_dtype: a C enum, int-sized
+        ("shape", ctypes.c_int64 * 4),
+        ("stride", ctypes.c_int64 * 4),
+    ]
+
+
+class ForwardArgs(ctypes.Structure):
+    """flash3_forward_args."""
+
+    _fields_ = [
+        ("q", Tensor),
+        ("k", Tensor),
+        ("v", Tensor),
+        ("out", Tensor),
+        ("softmax_lse", ctypes.POINTER(ctypes.c_float)),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+    ]
+
+
+def _find_library():
+    if LIBRARY_ENV in os.environ:
+        path = Path(os.environ[LIBRARY_ENV])
+        if not path.is_file():
+            raise LibraryNotFoundError(f"flash3: {LIBRARY_ENV}={path} is not a file")
+        return path
+    for path in SEARCH_PATHS:
+        if path.is_file():
+            return path
+    raise LibraryNotFoundError(
+        f"flash3: {LIBRARY_NAME} not found in {', '.join(map(str, SEARCH_PATHS))}. Build it "
+        f"(cmake -S . -B build -G Ninja && ninja -C build) or set {LIBRARY_ENV} to its path."
+    )
+
+
+@functools.cache
+def library():
+    """The loaded libflash3.so, with argument and return types declared."""
+    path = _find_library()
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise LibraryNotFoundError(f"flash3: cannot load {path}: {e}") from e
+    lib.flash3_forward.argtypes = [ctypes.POINTER(ForwardArgs), ctypes.c_void_p]
+    lib.flash3_forward.restype = ctypes.c_int
+    for name in ("flash3_last_error", "flash3_version"):
+        getattr(lib, name).argtypes = []
+        getattr(lib, name).restype = ctypes.c_char_p
+    return lib
+
+
+def version():
+    return library().flash3_version().decode()
+
+
+# FLASH3_ERROR_UNSUPPORTED -> NotImplementedError (a RuntimeError, as FlashAttention's
+# errors are); a bad argument -> ValueError; device, CUDA and internal errors -> RuntimeError.
+_ERRORS = {ERROR_INVALID_ARGUMENT: ValueError, ERROR_UNSUPPORTED: NotImplementedError}
+
+
+def forward(args, stream):
+    """flash3_forward(&args, stream); raises with flash3_last_error() unless FLASH3_OK."""
+    lib = library()
+    status = lib.flash3_forward(ctypes.byref(args), ctypes.c_void_p(stream))
+    if status != OK:
+        raise _ERRORS.get(status, RuntimeError)(lib.flash3_last_error().decode())

@@ -1,0 +1,52 @@
+// A valid forward call over poisoned host buffers. Validation never touches
+// the memory behind the pointers, so the CPU suites mutate one argument at a
+// time and check that the call is refused and the buffers are unchanged.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "test_support.hpp"
+
+namespace flash3::test {
+
+struct HostProblem {
+  // Base shape: batch 2, seqlen_q 8, seqlen_k 16, heads_q 4, heads_k 2, headdim 64.
+  static constexpr int64_t kBatch = 2;
+  static constexpr int64_t kSeqlenQ = 8;
+  static constexpr int64_t kSeqlenK = 16;
+  static constexpr int64_t kHeadsQ = 4;
+  static constexpr int64_t kHeadsK = 2;
+  static constexpr int64_t kHeadDim = 64;
+  // Room for every case's reshaped tensors, so their spans stay inside.
+  static constexpr size_t kBufferBytes = 64 * 1024;
+
+  HostProblem() = default;
+  HostProblem(const HostProblem&) = delete;  // the tensors point into this one's buffers
+  HostProblem& operator=(const HostProblem&) = delete;
+
+  PoisonedBuffer q_buffer{kBufferBytes}, k_buffer{kBufferBytes}, v_buffer{kBufferBytes},
+      out_buffer{kBufferBytes}, lse_buffer{kBufferBytes};
+
+  Tensor q =
+      Tensor::contiguous(q_buffer.data(), DType::kBFloat16, kBatch, kSeqlenQ, kHeadsQ, kHeadDim);
+  Tensor k =
+      Tensor::contiguous(k_buffer.data(), DType::kBFloat16, kBatch, kSeqlenK, kHeadsK, kHeadDim);
+  Tensor v =
+      Tensor::contiguous(v_buffer.data(), DType::kBFloat16, kBatch, kSeqlenK, kHeadsK, kHeadDim);
+  Tensor out =
+      Tensor::contiguous(out_buffer.data(), DType::kBFloat16, kBatch, kSeqlenQ, kHeadsQ, kHeadDim);
+  float* lse = reinterpret_cast<float*>(lse_buffer.data());
+  ForwardOptions options{true, 0.0f};
+
+  Status forward() const { return flash3::forward(q, k, v, out, lse, options, nullptr); }
+
+  flash3_forward_args c_args() const { return to_c_args(q, k, v, out, lse, options); }
+
+  bool untouched() const {
+    return q_buffer.untouched() && k_buffer.untouched() && v_buffer.untouched() &&
+           out_buffer.untouched() && lse_buffer.untouched();
+  }
+};
+
+}  // namespace flash3::test

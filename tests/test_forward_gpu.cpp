@@ -1,0 +1,347 @@
+// The forward kernels against the float64 reference, on a Hopper GPU. Every
+// test skips, saying why, where there is none, and per (dtype, headdim) where
+// that kernel is not in the build (FLASH3_KERNELS).
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "forward_case.hpp"
+#include "test_support.hpp"
+
+namespace flash3::test {
+namespace {
+
+constexpr int kHeadDims[] = {64, 128, 256};
+
+class HopperTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static const std::string reason = hopper_missing_reason();
+    if (!reason.empty()) {
+      GTEST_SKIP() << reason;
+    }
+  }
+
+  // Each case in turn, until one finds its kernel missing from the build.
+  void expect_all_match_reference(const std::vector<ForwardCase>& cases) {
+    for (const ForwardCase& c : cases) {
+      SCOPED_TRACE(c.name());
+      expect_matches_reference(c);
+      if (IsSkipped()) {
+        return;
+      }
+    }
+  }
+};
+
+// (batch, seqlen_q, seqlen_k, heads_q, heads_k)
+struct Dims {
+  int batch, seqlen_q, seqlen_k, heads_q, heads_k;
+};
+
+// Single rows, ragged tails and exact tiles; long ones with few heads keep
+// the reference quick.
+constexpr Dims kSeqlenDims[] = {
+    // seqlen_q == seqlen_k
+    {2, 1, 1, 2, 2},
+    {2, 17, 17, 2, 2},
+    {2, 113, 113, 2, 1},
+    {2, 1013, 1013, 2, 2},
+    {1, 1024, 1024, 4, 2},
+    {1, 4097, 4097, 2, 1},
+    // more keys than queries
+    {2, 1, 1024, 2, 2},
+    {2, 17, 113, 2, 2},
+    {2, 113, 1013, 2, 2},
+    {1, 1013, 4097, 2, 2},
+    // more queries than keys: with causal, the first rows see no key
+    {2, 1013, 113, 2, 2},
+    {2, 1024, 17, 2, 2},
+    {1, 4097, 1013, 1, 1}};
+
+// GQA ratios 1, 2 and 8, and MQA.
+constexpr Dims kGqaDims[] = {{2, 257, 257, 2, 2},
+                             {2, 257, 257, 4, 2},
+                             {2, 257, 257, 16, 2},
+                             {1, 200, 333, 8, 1},
+                             {2, 333, 200, 6, 3}};
+
+constexpr struct {
+  Layout layout;
+  Dims dims;
+} kLayoutCases[] = {{Layout::kPackedQkv, {2, 300, 300, 4, 2}},
+                    {Layout::kPackedQkv, {1, 1013, 1013, 2, 2}},
+                    {Layout::kHeadMajor, {2, 300, 211, 4, 2}},
+                    {Layout::kPadded, {3, 211, 300, 4, 1}}};
+
+constexpr float kCustomScales[] = {0.5f, 0.03f};
+
+using SweepParam = std::tuple<DType, int, bool>;  // dtype, headdim, causal
+
+// e.g. "bf16_d128"
+std::string kernel_label(DType dtype, int headdim) {
+  return (dtype == DType::kFloat16 ? "fp16_d" : "bf16_d") + std::to_string(headdim);
+}
+
+class ForwardSweep : public HopperTest, public ::testing::WithParamInterface<SweepParam> {
+ protected:
+  ForwardCase make(const Dims& d, Layout layout = Layout::kContiguous, float scale = 0.0f) const {
+    const auto& [dtype, headdim, causal] = GetParam();
+    ForwardCase c;
+    c.dtype = dtype;
+    c.shape = {d.batch, d.seqlen_q, d.seqlen_k, d.heads_q, d.heads_k, headdim};
+    c.causal = causal;
+    c.softmax_scale = scale;
+    c.layout = layout;
+    return c;
+  }
+
+  template <class Range>
+  std::vector<ForwardCase> make_all(const Range& dims) const {
+    std::vector<ForwardCase> cases;
+    for (const Dims& d : dims) {
+      cases.push_back(make(d));
+    }
+    return cases;
+  }
+};
+
+TEST_P(ForwardSweep, Seqlens) { expect_all_match_reference(make_all(kSeqlenDims)); }
+
+TEST_P(ForwardSweep, GqaRatios) { expect_all_match_reference(make_all(kGqaDims)); }
+
+TEST_P(ForwardSweep, StridedLayouts) {
+  std::vector<ForwardCase> cases;
+  for (const auto& [layout, dims] : kLayoutCases) {
+    cases.push_back(make(dims, layout));
+  }
+  expect_all_match_reference(cases);
+}
+
+TEST_P(ForwardSweep, SoftmaxScale) {
+  std::vector<ForwardCase> cases;
+  for (const float scale : kCustomScales) {
+    cases.push_back(make({2, 113, 257, 4, 2}, Layout::kContiguous, scale));
+  }
+  expect_all_match_reference(cases);
+}
+
+std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
+  const auto& [dtype, headdim, causal] = info.param;
+  return kernel_label(dtype, headdim) + (causal ? "_causal" : "_noncausal");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, ForwardSweep,
+                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::ValuesIn(kHeadDims), ::testing::Bool()),
+                         sweep_name);
+
+// Small cases for compute-sanitizer: --gtest_filter='SanitizeForward*'.
+class SanitizeForward : public HopperTest {};
+
+TEST_F(SanitizeForward, Bf16D128Seqlen113Causal) {
+  expect_matches_reference({DType::kBFloat16, {2, 113, 113, 2, 2, 128}, true});
+}
+
+TEST_F(SanitizeForward, Fp16D64Seqlen17) {
+  expect_matches_reference({DType::kFloat16, {2, 17, 17, 2, 2, 64}, false});
+}
+
+TEST_F(SanitizeForward, Fp16D64Seqlen1013Causal) {
+  expect_matches_reference({DType::kFloat16, {1, 1013, 1013, 2, 1, 64}, true});
+}
+
+TEST_F(SanitizeForward, Bf16D256Seqlen257Gqa) {
+  expect_matches_reference({DType::kBFloat16, {1, 257, 257, 8, 2, 256}, false});
+}
+
+// A case every default build has (FLASH3_KERNELS=bf16_128 or all).
+const ForwardCase kProbe{DType::kBFloat16, {2, 1013, 1013, 4, 2, 128}, true};
+
+using KernelParam = std::tuple<DType, int>;  // dtype, headdim
+
+class ForwardDeterminism : public HopperTest, public ::testing::WithParamInterface<KernelParam> {};
+
+// Two runs of one case on the same inputs, into separate buffers; the second
+// writes softmax_lse only when asked.
+struct TwoRuns {
+  Status status;  // of the first call that failed, else ok
+  Output first, second;
+};
+
+TwoRuns run_twice(const ForwardCase& c, bool second_writes_lse) {
+  const Inputs in = random_inputs(c);
+  const DeviceProblem first(c, in), second(c, in);
+  TwoRuns runs;
+  runs.status = first.forward(nullptr);
+  if (runs.status.ok()) {
+    runs.status =
+        flash3::forward(second.q(), second.k(), second.v(), second.out(),
+                        second_writes_lse ? second.lse() : nullptr, second.options(), nullptr);
+  }
+  if (runs.status.ok()) {
+    check_cuda(cudaDeviceSynchronize(), "the forward kernels");
+    runs.first = first.download();
+    runs.second = second.download();
+  }
+  return runs;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Bitwise the same out and lse twice: a difference means a race.
+TEST_P(ForwardDeterminism, RepeatsBitwise) {
+  ForwardCase c = kProbe;
+  c.dtype = std::get<0>(GetParam());
+  c.shape.headdim = std::get<1>(GetParam());
+  const TwoRuns runs = run_twice(c, true);
+  if (not_built(runs.status)) {
+    GTEST_SKIP() << runs.status.message;
+  }
+  ASSERT_TRUE(runs.status.ok()) << runs.status.message;
+  EXPECT_EQ(runs.first.unwritten, 0u);
+  EXPECT_TRUE(same_bits(runs.first.out, runs.second.out));
+  EXPECT_TRUE(same_bits(runs.first.lse, runs.second.lse));
+}
+
+std::string kernel_name(const ::testing::TestParamInfo<KernelParam>& info) {
+  return kernel_label(std::get<0>(info.param), std::get<1>(info.param));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, ForwardDeterminism,
+                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::ValuesIn(kHeadDims)),
+                         kernel_name);
+
+class ForwardOptionalLse : public HopperTest {};
+
+// Without softmax_lse the kernel writes the same out and leaves lse alone.
+TEST_F(ForwardOptionalLse, NullLseLeavesOutTheSame) {
+  const TwoRuns runs = run_twice(kProbe, false);
+  if (not_built(runs.status)) {
+    GTEST_SKIP() << runs.status.message;
+  }
+  ASSERT_TRUE(runs.status.ok()) << runs.status.message;
+  EXPECT_EQ(runs.second.unwritten, kProbe.shape.lse_size()) << "only lse should stay unwritten";
+  EXPECT_TRUE(same_bits(runs.first.out, runs.second.out));
+}
+
+class Stream {
+ public:
+  Stream() { check_cuda(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "stream"); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+// Holds a stream at a host callback until open() (or kTimeout, so that a call
+// that wrongly waits for its stream fails instead of hanging).
+class StreamGate {
+ public:
+  static constexpr std::chrono::seconds kTimeout{20};
+
+  explicit StreamGate(cudaStream_t stream) : stream_(stream) {
+    check_cuda(cudaLaunchHostFunc(stream, &StreamGate::wait, this), "cudaLaunchHostFunc");
+  }
+  ~StreamGate() {
+    open();
+    cudaStreamSynchronize(stream_);
+  }
+  StreamGate(const StreamGate&) = delete;
+  StreamGate& operator=(const StreamGate&) = delete;
+
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_ = true;
+    }
+    opened_.notify_all();
+  }
+
+ private:
+  static void CUDART_CB wait(void* self) {
+    auto* gate = static_cast<StreamGate*>(self);
+    std::unique_lock<std::mutex> lock(gate->mutex_);
+    gate->opened_.wait_for(lock, kTimeout, [gate] { return gate->open_; });
+  }
+
+  cudaStream_t stream_;
+  std::mutex mutex_;
+  std::condition_variable opened_;
+  bool open_ = false;
+};
+
+class ForwardStream : public HopperTest {};
+
+// The work waits for what is ahead of it on the given stream, and the call
+// returns without waiting for it.
+TEST_F(ForwardStream, RunsOnTheGivenStreamWithoutBlocking) {
+  const Inputs in = random_inputs(kProbe);
+  const DeviceProblem problem(kProbe, in);
+  const Stream stream;
+  {
+    StreamGate gate(stream.get());
+    const Status s = problem.forward(stream.get());
+    if (not_built(s)) {
+      GTEST_SKIP() << s.message;
+    }
+    ASSERT_TRUE(s.ok()) << s.message;
+    // cudaMemcpy runs on the legacy stream: after anything flash3 put there.
+    const Output held = problem.download();
+    EXPECT_EQ(held.unwritten, kProbe.shape.q_size() + kProbe.shape.lse_size())
+        << "out or lse was written before the stream reached the call";
+  }
+  check_cuda(cudaStreamSynchronize(stream.get()), "the forward kernel");
+  EXPECT_EQ(problem.download().unwritten, 0u);
+}
+
+class ForwardDeviceChecks : public HopperTest {};
+
+TEST_F(ForwardDeviceChecks, RefusesHostPointers) {
+  const Inputs in = random_inputs(kProbe);
+  const DeviceProblem problem(kProbe, in);
+  PoisonedBuffer host(kProbe.shape.q_size() * sizeof(uint16_t));
+  Tensor host_q = problem.q();
+  host_q.data = host.data();
+  Status s = flash3::forward(host_q, problem.k(), problem.v(), problem.out(), problem.lse(),
+                             problem.options(), nullptr);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "q.data is not device memory", s.message);
+  s = flash3::forward(problem.q(), problem.k(), problem.v(), problem.out(),
+                      reinterpret_cast<float*>(host.data()), problem.options(), nullptr);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "softmax_lse is not device memory", s.message);
+  EXPECT_TRUE(host.untouched());
+}
+
+class ForwardCAbi : public HopperTest {};
+
+TEST_F(ForwardCAbi, SuccessClearsTheLastError) {
+  const Inputs in = random_inputs(kProbe);
+  const DeviceProblem problem(kProbe, in);
+  ASSERT_EQ(flash3_forward(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  const flash3_forward_args args = problem.c_args();
+  const flash3_status status = flash3_forward(&args, nullptr);
+  if (status == FLASH3_ERROR_UNSUPPORTED) {
+    GTEST_SKIP() << flash3_last_error();
+  }
+  ASSERT_EQ(status, FLASH3_OK) << flash3_last_error();
+  EXPECT_STREQ(flash3_last_error(), "");
+  check_cuda(cudaDeviceSynchronize(), "the forward kernel");
+  EXPECT_EQ(problem.download().unwritten, 0u);
+}
+
+}  // namespace
+}  // namespace flash3::test

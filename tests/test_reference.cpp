@@ -1,0 +1,263 @@
+// The float64 reference and the plain fp16/bf16 emulation, on their own.
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "reference/attention_ref.hpp"
+
+namespace flash3::ref {
+namespace {
+
+constexpr double kExact = 1e-12;  // float64 against float64: only rounding differs
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::vector<float> random_values(size_t n, unsigned seed, HalfType type = HalfType::kBFloat16) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(n);
+  for (float& value : x) {
+    value = round_to(type, normal(rng));
+  }
+  return x;
+}
+
+// Small integers: sums of their products are exact in float and double.
+std::vector<float> random_integers(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<float> x(n);
+  for (float& value : x) {
+    value = static_cast<float>(small(rng));
+  }
+  return x;
+}
+
+struct Inputs {
+  std::vector<float> q, k, v;
+};
+
+Inputs random_inputs(const Shape& s, unsigned seed) {
+  return {random_values(s.q_size(), seed), random_values(s.kv_size(), seed + 1),
+          random_values(s.kv_size(), seed + 2)};
+}
+
+Reference run(const Shape& s, const Inputs& in, double scale, bool causal) {
+  return attention_forward(s, in.q, in.k, in.v, scale, causal);
+}
+
+void expect_near_all(const std::vector<double>& a, const std::vector<double>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NEAR(a[i], b[i], kExact) << "element " << i;
+  }
+}
+
+// One query, two keys, headdim 2, worked by hand: scores 1 and 2 (times scale).
+TEST(Reference, OneQueryTwoKeysByHand) {
+  const Shape s{1, 1, 2, 1, 1, 2};
+  const Inputs in{{1, 2}, {1, 0, 0, 1}, {2, -1, 0, 3}};
+  for (const double scale : {1.0, 0.5}) {
+    SCOPED_TRACE(scale);
+    const double e0 = std::exp(scale * 1), e1 = std::exp(scale * 2);
+    const double p0 = e0 / (e0 + e1), p1 = e1 / (e0 + e1);
+    const Reference r = run(s, in, scale, false);
+    expect_near_all(r.out, {2 * p0, -p0 + 3 * p1});
+    expect_near_all(r.lse, {std::log(e0 + e1)});
+  }
+}
+
+// Equal scores: out is the mean of the values, lse = scale * score + log(keys).
+TEST(Reference, EqualScoresAverageTheValues) {
+  const Shape s{1, 1, 4, 1, 1, 2};
+  const Inputs in{{1, 1}, {1, 2, 2, 1, 0, 3, 3, 0}, {1, 2, 3, 4, 5, 6, 7, 8}};
+  const Reference r = run(s, in, 0.25, false);
+  expect_near_all(r.out, {4, 5});
+  expect_near_all(r.lse, {0.25 * 3 + std::log(4.0)});
+}
+
+// Adding t * q to every key adds t * |q|^2 to every score of q's row: the
+// softmax ignores it, the lse moves by scale * t * |q|^2.
+TEST(Reference, ScoreShiftMovesOnlyTheLse) {
+  const Shape s{1, 1, 7, 1, 1, 8};
+  const Inputs in{random_integers(s.q_size(), 1), random_integers(s.kv_size(), 2),
+                  random_values(s.kv_size(), 3)};
+  const double scale = 0.125, t = 2;
+  Inputs shifted = in;
+  double q_norm2 = 0;
+  for (int x = 0; x < s.headdim; ++x) {
+    q_norm2 += in.q[x] * in.q[x];
+  }
+  for (size_t i = 0; i < shifted.k.size(); ++i) {
+    shifted.k[i] += static_cast<float>(t * in.q[i % s.headdim]);
+  }
+  const Reference a = run(s, in, scale, false);
+  const Reference b = run(s, shifted, scale, false);
+  expect_near_all(b.out, a.out);
+  expect_near_all(b.lse, {a.lse[0] + scale * t * q_norm2});
+}
+
+TEST(Reference, CausalMaskIsAlignedBottomRight) {
+  EXPECT_EQ(visible_keys({1, 3, 7, 1, 1, 1}, true, 0), 5);
+  EXPECT_EQ(visible_keys({1, 3, 7, 1, 1, 1}, true, 2), 7);
+  EXPECT_EQ(visible_keys({1, 5, 5, 1, 1, 1}, true, 0), 1);
+  EXPECT_EQ(visible_keys({1, 7, 3, 1, 1, 1}, true, 3), 0);
+  EXPECT_EQ(visible_keys({1, 7, 3, 1, 1, 1}, true, 4), 1);
+  EXPECT_EQ(visible_keys({1, 7, 3, 1, 1, 1}, false, 0), 3);
+}
+
+// Causal row i equals non-causal attention of that one query over the keys it sees.
+TEST(Reference, CausalRowsSeeOnlyTheirPrefix) {
+  const Shape shapes[] = {{1, 5, 5, 2, 1, 4}, {1, 3, 7, 2, 1, 4}, {1, 6, 4, 2, 1, 4}};
+  for (const Shape& s : shapes) {
+    SCOPED_TRACE(::testing::Message() << s.seqlen_q << "x" << s.seqlen_k);
+    const Inputs in = random_inputs(s, 11);
+    const Reference full = run(s, in, 0.5, true);
+    for (int i = 0; i < s.seqlen_q; ++i) {
+      const int keys = visible_keys(s, true, i);
+      if (keys == 0) {
+        continue;  // FullyMaskedRowsGiveZeroAndInfiniteLse
+      }
+      const Shape row_shape{1, 1, keys, s.heads_q, s.heads_k, s.headdim};
+      const size_t q_row = row_shape.q_size(), kv_rows = row_shape.kv_size();
+      const Inputs row{{in.q.begin() + i * q_row, in.q.begin() + (i + 1) * q_row},
+                       {in.k.begin(), in.k.begin() + kv_rows},
+                       {in.v.begin(), in.v.begin() + kv_rows}};
+      const Reference r = run(row_shape, row, 0.5, false);
+      expect_near_all(r.out, {full.out.begin() + i * q_row, full.out.begin() + (i + 1) * q_row});
+      for (int h = 0; h < s.heads_q; ++h) {
+        EXPECT_NEAR(r.lse[h], full.lse[h * s.seqlen_q + i], kExact);
+      }
+    }
+  }
+}
+
+TEST(Reference, FullyMaskedRowsGiveZeroAndInfiniteLse) {
+  const Shape s{2, 7, 3, 2, 2, 4};
+  const Inputs in = random_inputs(s, 21);
+  const Reference r = run(s, in, 0.5, true);
+  const std::vector<float> plain =
+      attention_forward_plain(HalfType::kBFloat16, s, in.q, in.k, in.v, 0.5f, true);
+  const int row_size = s.heads_q * s.headdim;
+  for (int b = 0; b < s.batch; ++b) {
+    for (int i = 0; i < s.seqlen_q; ++i) {
+      const bool masked = visible_keys(s, true, i) == 0;
+      for (int h = 0; h < s.heads_q; ++h) {
+        const double lse = r.lse[(b * s.heads_q + h) * s.seqlen_q + i];
+        EXPECT_EQ(lse == kInf, masked) << lse;
+      }
+      if (!masked) {
+        continue;
+      }
+      const size_t row = (static_cast<size_t>(b) * s.seqlen_q + i) * row_size;
+      for (int x = 0; x < row_size; ++x) {
+        EXPECT_EQ(r.out[row + x], 0.0);
+        EXPECT_EQ(plain[row + x], 0.0f);
+      }
+    }
+  }
+}
+
+// Query head h reads kv head h / (heads_q / heads_k): the same as repeating kv heads.
+TEST(Reference, GqaEqualsRepeatedKvHeads) {
+  const Shape gqa{2, 5, 6, 8, 2, 4};
+  const Shape mha{2, 5, 6, 8, 8, 4};
+  const Inputs in = random_inputs(gqa, 31);
+  Inputs repeated{in.q, std::vector<float>(mha.kv_size()), std::vector<float>(mha.kv_size())};
+  const int group = gqa.heads_q / gqa.heads_k;
+  for (size_t row = 0; row < static_cast<size_t>(mha.batch) * mha.seqlen_k; ++row) {
+    for (int h = 0; h < mha.heads_k; ++h) {
+      for (int x = 0; x < mha.headdim; ++x) {
+        const size_t from = (row * gqa.heads_k + h / group) * gqa.headdim + x;
+        const size_t to = (row * mha.heads_k + h) * mha.headdim + x;
+        repeated.k[to] = in.k[from];
+        repeated.v[to] = in.v[from];
+      }
+    }
+  }
+  const Reference a = run(gqa, in, 0.5, true);
+  const Reference b = run(mha, repeated, 0.5, true);
+  expect_near_all(a.out, b.out);
+  expect_near_all(a.lse, b.lse);
+}
+
+TEST(Reference, BatchesAreIndependent) {
+  const Shape two{2, 9, 5, 2, 1, 4};
+  const Shape one{1, 9, 5, 2, 1, 4};
+  const Inputs in = random_inputs(two, 41);
+  const Reference both = run(two, in, 0.5, false);
+  for (int b = 0; b < two.batch; ++b) {
+    const auto slice = [b](const std::vector<float>& x, size_t n) {
+      return std::vector<float>(x.begin() + b * n, x.begin() + (b + 1) * n);
+    };
+    const Inputs part{slice(in.q, one.q_size()), slice(in.k, one.kv_size()),
+                      slice(in.v, one.kv_size())};
+    const Reference r = run(one, part, 0.5, false);
+    expect_near_all(
+        r.out, {both.out.begin() + b * one.q_size(), both.out.begin() + (b + 1) * one.q_size()});
+    expect_near_all(r.lse, {both.lse.begin() + b * one.lse_size(),
+                            both.lse.begin() + (b + 1) * one.lse_size()});
+  }
+}
+
+// The plain emulation's error: nonzero, small, larger for bf16 than for fp16,
+// and its outputs are values of its dtype.
+TEST(PlainEmulation, ErrorIsThatOfItsDtype) {
+  const Shape s{1, 64, 200, 2, 1, 64};
+  const Inputs in = random_inputs(s, 51);
+  const double scale = 0.125;
+  const Reference r = run(s, in, scale, false);
+  double max_error[2] = {};
+  const HalfType types[2] = {HalfType::kFloat16, HalfType::kBFloat16};
+  for (int t = 0; t < 2; ++t) {
+    const std::vector<float> plain =
+        attention_forward_plain(types[t], s, in.q, in.k, in.v, static_cast<float>(scale), false);
+    for (const float x : plain) {
+      ASSERT_EQ(round_to(types[t], x), x);
+    }
+    max_error[t] = error_stats(plain, r.out).max_abs;
+  }
+  EXPECT_GT(max_error[0], 0.0);
+  EXPECT_LT(max_error[0], max_error[1]);
+  EXPECT_LT(max_error[1], 2e-2);
+}
+
+TEST(ErrorStats, CountsNonFiniteAndFindsTheWorst) {
+  const ErrorStats e = error_stats({1.0f, 2.0f, NAN, 4.0f}, {1.0, 2.5, 0.0, 3.0});
+  EXPECT_EQ(e.non_finite, 1u);
+  EXPECT_EQ(e.max_abs, kInf);
+  EXPECT_EQ(e.worst, 2u);
+  EXPECT_DOUBLE_EQ(e.mean_abs, 0.5);
+  EXPECT_DOUBLE_EQ(e.rms, std::sqrt(1.25 / 3));
+}
+
+TEST(Tolerance, OutputWithinTwicePlainErrorPasses) {
+  const std::vector<double> ref = {1.0, -1.0};
+  const std::vector<float> plain = {1.01f, -1.0f};
+  EXPECT_TRUE(check_output({1.02f, -1.0f}, plain, ref).ok);
+  EXPECT_TRUE(check_output({1.0f, -0.98f}, plain, ref).ok);
+  EXPECT_FALSE(check_output({1.0f, -0.97f}, plain, ref).ok);
+  EXPECT_FALSE(check_output({1.0f, NAN}, plain, ref).ok);
+}
+
+TEST(Tolerance, ExactPlainLeavesOnlyTheAtol) {
+  const std::vector<double> ref = {0.5};
+  EXPECT_TRUE(check_output({0.5f}, {0.5f}, ref).ok);
+  EXPECT_FALSE(check_output({0.5f + 1e-4f}, {0.5f}, ref).ok);
+}
+
+TEST(Tolerance, LseRowsMustMatchAndMaskedRowsBeInfinite) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<double> ref = {2.0, kInf, -1.0};
+  EXPECT_TRUE(check_lse({2.00005f, inf, -1.0f}, ref).ok);
+  EXPECT_FALSE(check_lse({2.001f, inf, -1.0f}, ref).ok);
+  EXPECT_FALSE(check_lse({2.0f, 1e30f, -1.0f}, ref).ok);
+  EXPECT_FALSE(check_lse({2.0f, -inf, -1.0f}, ref).ok);
+  EXPECT_FALSE(check_lse({2.0f, inf, NAN}, ref).ok);
+  EXPECT_FALSE(check_lse({inf, inf, -1.0f}, ref).ok);
+}
+
+}  // namespace
+}  // namespace flash3::ref

@@ -1,0 +1,80 @@
+// Small helpers shared by the CPU and GPU suites.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "flash3/flash3.h"
+#include "flash3/flash3.hpp"
+
+namespace flash3::test {
+
+// CUDA devices visible to this process; 0 when there is no driver either.
+inline int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+inline flash3_tensor to_c(const Tensor& t) {
+  flash3_tensor c{};
+  c.data = t.data;
+  c.dtype = static_cast<flash3_dtype>(t.dtype);
+  for (int i = 0; i < 4; ++i) {
+    c.shape[i] = t.shape[i];
+    c.stride[i] = t.stride[i];
+  }
+  return c;
+}
+
+inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Tensor& v,
+                                     const Tensor& out, float* softmax_lse,
+                                     const ForwardOptions& options) {
+  flash3_forward_args args{};
+  args.q = to_c(q);
+  args.k = to_c(k);
+  args.v = to_c(v);
+  args.out = to_c(out);
+  args.softmax_lse = softmax_lse;
+  args.softmax_scale = options.softmax_scale;
+  args.causal = options.causal ? 1 : 0;
+  return args;
+}
+
+// Host memory, aligned as TMA wants device memory, filled with a byte pattern
+// so a test can tell whether anything wrote to it.
+class PoisonedBuffer {
+ public:
+  static constexpr unsigned char kPoison = 0xA5;
+
+  explicit PoisonedBuffer(size_t bytes) : blocks_((bytes + sizeof(Block) - 1) / sizeof(Block)) {
+    std::memset(blocks_.data(), kPoison, blocks_.size() * sizeof(Block));
+  }
+
+  unsigned char* data() { return blocks_.data()->bytes; }
+
+  bool untouched() const {
+    for (const Block& block : blocks_) {
+      for (unsigned char byte : block.bytes) {
+        if (byte != kPoison) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+ private:
+  struct alignas(64) Block {
+    unsigned char bytes[64];
+  };
+  std::vector<Block> blocks_;
+};
+
+}  // namespace flash3::test

@@ -1,0 +1,183 @@
+// Every argument check of flash3::forward, through the C++ API and the C ABI:
+// each invalid call is refused with the right code, a message naming the bad
+// argument, and its buffers left as they were.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <ostream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "host_problem.hpp"
+
+namespace flash3::test {
+namespace {
+
+using Code = StatusCode;
+
+constexpr int64_t kOver2To31 = int64_t{1} << 31;
+// Just past TMA's 2^40-byte stride limit, in bf16 elements.
+constexpr int64_t kOver2To40Bytes = (int64_t{1} << 39) + 8;
+constexpr int64_t kLseRowsLimitSide = int64_t{1} << 16;  // its square exceeds 2^31-1
+
+void set_dims(Tensor& t, int64_t batch, int64_t seqlen, int64_t heads, int64_t headdim) {
+  t = Tensor::contiguous(t.data, t.dtype, batch, seqlen, heads, headdim);
+}
+
+void set_headdim(Tensor& t, int64_t headdim) {
+  set_dims(t, t.shape[0], t.shape[1], t.shape[2], headdim);
+}
+
+void set_headdim_all(HostProblem& p, int64_t headdim) {
+  for (Tensor* t : {&p.q, &p.k, &p.v, &p.out}) {
+    set_headdim(*t, headdim);
+  }
+}
+
+void* offset_bytes(void* base, size_t bytes) { return static_cast<unsigned char*>(base) + bytes; }
+
+// An address validation never dereferences, far from every real buffer.
+void* far_address(int slot) {
+  constexpr int kSlotShift = 44;
+  return reinterpret_cast<void*>(uintptr_t{static_cast<uintptr_t>(slot)} << kSlotShift);
+}
+
+struct InvalidCase {
+  const char* name;
+  void (*mutate)(HostProblem&);
+  Code code;
+  const char* message;  // must appear in the status message
+};
+
+std::ostream& operator<<(std::ostream& os, const InvalidCase& c) { return os << c.name; }
+
+const InvalidCase kCases[] = {
+    {"NullQ", [](HostProblem& p) { p.q.data = nullptr; }, Code::kInvalidArgument, "q.data is null"},
+    {"NullK", [](HostProblem& p) { p.k.data = nullptr; }, Code::kInvalidArgument, "k.data is null"},
+    {"NullV", [](HostProblem& p) { p.v.data = nullptr; }, Code::kInvalidArgument, "v.data is null"},
+    {"NullOut", [](HostProblem& p) { p.out.data = nullptr; }, Code::kInvalidArgument,
+     "out.data is null"},
+    {"UnknownDtype", [](HostProblem& p) { p.q.dtype = static_cast<DType>(7); },
+     Code::kInvalidArgument, "q.dtype has the unknown value 7"},
+    {"ZeroDtype", [](HostProblem& p) { p.k.dtype = static_cast<DType>(0); }, Code::kInvalidArgument,
+     "k.dtype has the unknown value 0"},
+    {"Float32Dtype", [](HostProblem& p) { p.k.dtype = DType::kFloat32; }, Code::kInvalidArgument,
+     "k.dtype is float32"},
+    {"Float8Dtype", [](HostProblem& p) { p.q.dtype = DType::kFloat8E4M3; }, Code::kUnsupported,
+     "q.dtype is float8_e4m3"},
+    {"MixedDtypes", [](HostProblem& p) { p.v.dtype = DType::kFloat16; }, Code::kInvalidArgument,
+     "v.dtype (float16) differs from q.dtype (bfloat16)"},
+    {"OutDtypeDiffers", [](HostProblem& p) { p.out.dtype = DType::kFloat16; },
+     Code::kInvalidArgument, "out.dtype (float16) differs"},
+    {"HeadDim96", [](HostProblem& p) { set_headdim_all(p, 96); }, Code::kUnsupported,
+     "headdim = 96 is not supported"},
+    {"HeadDim32", [](HostProblem& p) { set_headdim_all(p, 32); }, Code::kUnsupported,
+     "headdim = 32 is not supported"},
+    {"HeadDimMismatch", [](HostProblem& p) { set_headdim(p.k, 128); }, Code::kInvalidArgument,
+     "k.shape[3] (headdim) = 128 differs"},
+    {"HeadsNotAMultiple",
+     [](HostProblem& p) {
+       set_dims(p.q, 2, 8, 3, 64);
+       set_dims(p.out, 2, 8, 3, 64);
+     },
+     Code::kInvalidArgument, "q.shape[2] (heads_q) = 3 is not a multiple of k.shape[2]"},
+    {"KvSeqlenMismatch", [](HostProblem& p) { set_dims(p.v, 2, 15, 2, 64); },
+     Code::kInvalidArgument, "v.shape[1] (seqlen) = 15 differs from k's 16"},
+    {"KvHeadsMismatch", [](HostProblem& p) { set_dims(p.v, 2, 16, 1, 64); }, Code::kInvalidArgument,
+     "v.shape[2] (heads) = 1 differs from k's 2"},
+    {"BatchMismatch", [](HostProblem& p) { set_dims(p.k, 1, 16, 2, 64); }, Code::kInvalidArgument,
+     "k.shape[0] (batch) = 1 differs from q's 2"},
+    {"OutShapeDiffers", [](HostProblem& p) { set_dims(p.out, 2, 9, 4, 64); },
+     Code::kInvalidArgument, "out.shape (2, 9, 4, 64) differs from q.shape (2, 8, 4, 64)"},
+    {"ZeroSeqlen", [](HostProblem& p) { p.q.shape[1] = 0; }, Code::kInvalidArgument,
+     "q.shape[1] (seqlen) = 0 must be at least 1"},
+    {"NegativeHeads", [](HostProblem& p) { p.k.shape[2] = -2; }, Code::kInvalidArgument,
+     "k.shape[2] (heads) = -2 must be at least 1"},
+    {"ZeroBatch", [](HostProblem& p) { p.out.shape[0] = 0; }, Code::kInvalidArgument,
+     "out.shape[0] (batch) = 0 must be at least 1"},
+    {"SizeOver2To31", [](HostProblem& p) { p.v.shape[1] = kOver2To31; }, Code::kInvalidArgument,
+     "v.shape[1] (seqlen) = 2147483648 exceeds 2^31-1"},
+    {"LastDimStrided", [](HostProblem& p) { p.q.stride[3] = 2; }, Code::kInvalidArgument,
+     "q.stride[3] (headdim) = 2 must be 1"},
+    {"StrideNotA16ByteMultiple", [](HostProblem& p) { p.k.stride[1] = 129; },
+     Code::kInvalidArgument, "k.stride[1] (seqlen) = 129 elements (258 bytes)"},
+    {"MisalignedData", [](HostProblem& p) { p.v.data = offset_bytes(p.v.data, 2); },
+     Code::kInvalidArgument, "v.data is not 16-byte aligned"},
+    {"NegativeStride", [](HostProblem& p) { p.q.stride[2] = -64; }, Code::kInvalidArgument,
+     "q.stride[2] (heads) = -64 must be positive"},
+    {"ZeroStride", [](HostProblem& p) { p.out.stride[0] = 0; }, Code::kInvalidArgument,
+     "out.stride[0] (batch) = 0 must be positive"},
+    {"StrideOver2To40Bytes", [](HostProblem& p) { p.k.stride[0] = kOver2To40Bytes; },
+     Code::kInvalidArgument, "k.stride[0] (batch) = 549755813896 elements exceeds the 2^40"},
+    {"SpanPastAddressSpace",
+     [](HostProblem& p) { p.q.data = reinterpret_cast<void*>(~uintptr_t{0xFFF}); },
+     Code::kInvalidArgument, "q: shape and strides address past the end"},
+    {"OutOverlapsItself", [](HostProblem& p) { p.out.stride[1] = 2 * HostProblem::kHeadDim; },
+     Code::kInvalidArgument, "out's strides make elements overlap"},
+    {"OutAliasesQ", [](HostProblem& p) { p.out.data = p.q.data; }, Code::kInvalidArgument,
+     "out overlaps q"},
+    {"OutOverlapsV", [](HostProblem& p) { p.out.data = offset_bytes(p.v.data, 4096); },
+     Code::kInvalidArgument, "out overlaps v"},
+    {"MisalignedLse", [](HostProblem& p) { p.lse = static_cast<float*>(offset_bytes(p.lse, 1)); },
+     Code::kInvalidArgument, "softmax_lse is not 4-byte aligned"},
+    {"NegativeScale", [](HostProblem& p) { p.options.softmax_scale = -1.0f; },
+     Code::kInvalidArgument, "options.softmax_scale = -1"},
+    {"NanScale",
+     [](HostProblem& p) { p.options.softmax_scale = std::numeric_limits<float>::quiet_NaN(); },
+     Code::kInvalidArgument, "options.softmax_scale = nan"},
+    {"InfiniteScale",
+     [](HostProblem& p) { p.options.softmax_scale = std::numeric_limits<float>::infinity(); },
+     Code::kInvalidArgument, "options.softmax_scale = inf"},
+    {"TooManyLseRows",
+     [](HostProblem& p) {
+       int slot = 1;
+       for (Tensor* t : {&p.q, &p.k, &p.v, &p.out}) {
+         t->data = far_address(slot++);
+       }
+       set_dims(p.q, kLseRowsLimitSide, 1, kLseRowsLimitSide, 64);
+       set_dims(p.out, kLseRowsLimitSide, 1, kLseRowsLimitSide, 64);
+       set_dims(p.k, kLseRowsLimitSide, 16, 1, 64);
+       set_dims(p.v, kLseRowsLimitSide, 16, 1, 64);
+     },
+     Code::kInvalidArgument, "batch * heads_q = 4294967296 exceeds 2^31-1"},
+};
+
+class InvalidForward : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidForward, IsRefusedBeforeTouchingMemory) {
+  HostProblem p;
+  GetParam().mutate(p);
+  const Status s = p.forward();
+  EXPECT_EQ(s.code, GetParam().code) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, s.message);
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST_P(InvalidForward, IsRefusedThroughTheCAbi) {
+  HostProblem p;
+  GetParam().mutate(p);
+  const flash3_forward_args args = p.c_args();
+  EXPECT_EQ(flash3_forward(&args, nullptr), static_cast<flash3_status>(GetParam().code));
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, flash3_last_error());
+  EXPECT_TRUE(p.untouched());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidForward, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Strides of size-1 dimensions are never used: any value passes validation.
+TEST(ValidForward, IgnoresStridesOfSizeOneDimensions) {
+  HostProblem p;
+  for (Tensor* t : {&p.q, &p.out}) {
+    t->shape[1] = 1;
+    t->stride[1] = -3;
+  }
+  const Status s = p.forward();
+  EXPECT_FALSE(s.ok());  // no device here, or host pointers on a GPU machine
+  EXPECT_EQ(s.message.find("stride"), std::string::npos) << s.message;
+  EXPECT_TRUE(p.untouched());
+}
+
+}  // namespace
+}  // namespace flash3::test
