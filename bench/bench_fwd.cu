@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kTokens = 16384;  // batch * seqlen of every cell
 constexpr int64_t kHidden = 2048;   // heads * headdim of every cell
 
-enum ExitCode { kExitOk = 0, kExitCallFailed = 1, kExitNoHopper = 2, kExitUsage = 3 };
+enum ExitCode { kExitOk = 0, kExitCallFailed = 1, kExitUsage = 2, kExitNoHopper = 3 };
 
 const char kUsage[] =
     "usage: flash3_bench [options]\n"
@@ -38,7 +38,7 @@ const char kUsage[] =
     "  --json PATH                   also write the results as JSON\n"
     "  --commit SHA                  recorded in the JSON metadata\n"
     "exit codes: 0 every cell ran; 1 a flash3 or CUDA call failed (its row says why, the\n"
-    "other cells still run); 2 no Hopper (sm_90) GPU; 3 bad command line\n";
+    "other cells still run); 2 bad command line; 3 no Hopper (sm_90) GPU (as scripts/)\n";
 
 struct Options {
   std::vector<flash3::DType> dtypes{flash3::DType::kBFloat16, flash3::DType::kFloat16};

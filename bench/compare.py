@@ -15,7 +15,7 @@ prints n/a (the reasons follow the table).
 
     python3 bench/compare.py --dtype bf16 --json out.json --markdown out.md --plot out.png
 
-Exit codes: 0 done; 1 a flash3 output differs from cuDNN's (marked '!'); 2 no CUDA device.
+Exit codes: 0 done; 1 a flash3 output differs from cuDNN's (marked '!'); 2 bad command line (argparse); 3 no CUDA device.
 """
 import argparse
 import contextlib
@@ -186,7 +186,7 @@ def main():
         args.dtype, args.seqlen = "bf16", [1024, 8192]
     if not torch.cuda.is_available():
         print("compare.py: no CUDA device", file=sys.stderr)
-        return 2
+        return 3
 
     try:
         flash3_version = flash3.__version__

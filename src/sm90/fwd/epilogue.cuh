@@ -76,7 +76,8 @@ struct Epilogue {
       }
     }
     if (leader) {
-      tma_store_wait_read();  // shared memory must outlive the store's reads
+      tma_store_wait_read();  // the Q tile is free once the store has read it
+      smem.q_empty.arrive();
     }
   }
 };

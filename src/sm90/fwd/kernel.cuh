@@ -1,6 +1,7 @@
-// The warp-specialised forward kernel: warp roles only. Warpgroup 0 is the
-// producer (one thread issues every TMA load, the rest idle on few
-// registers); warpgroups 1.. are consumers, each owning 64 query rows.
+// The warp-specialised persistent forward kernel: warp roles only.
+// Warpgroup 0 is the producer (one thread issues every TMA load, the rest
+// idle on few registers); warpgroups 1.. are consumers, each owning 64 query
+// rows of every tile the scheduler hands this CTA.
 #pragma once
 
 #include "epilogue.cuh"
@@ -26,6 +27,7 @@ __device__ __forceinline__ SharedStorage<T>& shared_storage() {
 template <class T>
 __device__ void init_barriers(SharedStorage<T>& smem) {
   smem.q_full.init(1);
+  smem.q_empty.init(T::kConsumerWarpgroups);  // one leader thread per consumer warpgroup
 #pragma unroll
   for (int s = 0; s < T::kStages; ++s) {
     smem.k_full[s].init(1);  // the producer's arrive_expect_tx
@@ -51,27 +53,36 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   fence_barrier_init();
   __syncthreads();
 
-  const TileScheduler scheduler{args.num_m_blocks, args.heads_q};
-  const Tile tile = scheduler.tile<kCausal>(blockIdx.x);
+  const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.num_tiles};
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
-  const int n_block_end = mask.n_block_end(tile.m_block);
   Mainloop<T, kCausal> mainloop{smem, args};
+  typename Mainloop<T, kCausal>::Pipeline pipe;
 
   if (role == WarpRole::kProducer) {
     registers_release<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      mainloop.load(tile, n_block_end);
+      int iter = 0;
+      for (int i = scheduler.first(); scheduler.valid(i); i = scheduler.next(i), ++iter) {
+        const Tile tile = scheduler.tile<kCausal>(i);
+        mainloop.load(tile, mask.n_block_end(tile.m_block), pipe, iter);
+      }
     }
   } else {
     registers_acquire<T::kConsumerRegisters>();
-    float o[T::kOAccRegs];
+    const int consumer = warpgroup - 1;
+    mainloop.start_turns(consumer);
+    int iter = 0;
+    for (int i = scheduler.first(); scheduler.valid(i); i = scheduler.next(i), ++iter) {
+      const Tile tile = scheduler.tile<kCausal>(i);
+      float o[T::kOAccRegs];
 #pragma unroll
-    for (int i = 0; i < T::kOAccRegs; ++i) {
-      o[i] = 0.0f;
+      for (int r = 0; r < T::kOAccRegs; ++r) {
+        o[r] = 0.0f;
+      }
+      OnlineSoftmax softmax(args.softmax_scale);
+      mainloop.compute(tile, mask.n_block_end(tile.m_block), consumer, pipe, iter, o, softmax);
+      Epilogue<T>::store(smem, args, tile, consumer, o, softmax);
     }
-    OnlineSoftmax softmax(args.softmax_scale);
-    mainloop.compute(tile, n_block_end, warpgroup - 1, o, softmax);
-    Epilogue<T>::store(smem, args, tile, warpgroup - 1, o, softmax);
   }
 }
 

@@ -21,6 +21,7 @@ struct KernelArgs {
   int heads_q;
   int heads_per_kv_head;  // heads_q / heads_k (GQA group size)
   int num_m_blocks;
+  int num_tiles;  // num_m_blocks * heads_q * batch
   float softmax_scale;
 };
 
@@ -32,6 +33,7 @@ struct SharedStorage {
   alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDimV];
   alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kBlockN * T::kHeadDimV];
   Mbarrier q_full;
+  Mbarrier q_empty;  // both consumer warpgroups' O stores have read the Q tile
   Mbarrier k_full[T::kStages];   // TMA landed K of a stage
   Mbarrier k_empty[T::kStages];  // every consumer thread finished reading it
   Mbarrier v_full[T::kStages];

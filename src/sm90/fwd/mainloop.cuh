@@ -56,18 +56,31 @@ struct Mainloop {
   const KernelArgs& args;
 
   // ---------------------------------------------------------------- producer (one thread)
-  __device__ void load(const Tile& tile, int n_block_end) {
+  // Loads Q once per tile and K, V of every key block through the ring.
+  // `pipe` carries the ring position from tile to tile; `tile_iter` counts
+  // this CTA's tiles (the parity of the Q barriers).
+  __device__ void load(const Tile& tile, int n_block_end, Pipeline& pipe, int tile_iter) {
     const int head_kv = tile.head / args.heads_per_kv_head;
-    smem.q_full.arrive_expect_tx(T::kQTileBytes);
+    auto load_q = [&] {
+      if (tile_iter > 0) {
+        smem.q_empty.wait((tile_iter - 1) & 1);  // the previous tile's O left the Q tile
+      }
+      smem.q_full.arrive_expect_tx(T::kQTileBytes);
 #pragma unroll
-    for (int b = 0; b < T::kColBlocks; ++b) {
-      tma_load(&args.q, &smem.q_full.word, smem.q + b * kBlockM * kSwizzleCols16,
-               b * kSwizzleCols16, tile.m_block * kBlockM, tile.head, tile.batch);
+      for (int b = 0; b < T::kColBlocks; ++b) {
+        tma_load(&args.q, &smem.q_full.word, smem.q + b * kBlockM * kSwizzleCols16,
+                 b * kSwizzleCols16, tile.m_block * kBlockM, tile.head, tile.batch);
+      }
+    };
+    if (n_block_end <= 0) {
+      load_q();
     }
-    Pipeline pipe;
     for (int n = n_block_end - 1; n >= 0; --n) {
       load_kv(smem.k[pipe.stage], smem.k_full[pipe.stage], smem.k_empty[pipe.stage], &args.k,
               pipe.phase, n, head_kv, tile.batch);
+      if (n == n_block_end - 1) {
+        load_q();  // after the first K, whose load then overlaps the previous epilogue
+      }
       load_kv(smem.v[pipe.stage], smem.v_full[pipe.stage], smem.v_empty[pipe.stage], &args.v,
               pipe.phase, n, head_kv, tile.batch);
       pipe.advance();
@@ -135,6 +148,7 @@ struct Mainloop {
                                      warpgroup);
   }
   // Consumer 0 moves first: consumer 1 pre-arrives on consumer 0's turn.
+  // Once per kernel: the turns then alternate across all of the CTA's tiles.
   __device__ static void start_turns(int warpgroup) {
     if (warpgroup == 1) {
       pass_turn(warpgroup);
@@ -159,8 +173,8 @@ struct Mainloop {
   // down, so the masked blocks come first):
   //   issue S_n = Q K_n^T; rescale O; issue O += P_{n+1} V_{n+1};
   //   wait S_n; softmax(S_n) while the PV GEMM runs; wait PV; P_n = S_n.
-  __device__ void compute(const Tile& tile, int n_block_end, int warpgroup,
-                          float (&o)[T::kOAccRegs], OnlineSoftmax& softmax) {
+  __device__ void compute(const Tile& tile, int n_block_end, int warpgroup, Pipeline& pipe,
+                          int tile_iter, float (&o)[T::kOAccRegs], OnlineSoftmax& softmax) {
     const Mask<kBlockM, kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
     const FragmentCoord c = FragmentCoord::current();
     const int row0 = tile.m_block * kBlockM + warpgroup * kMmaM + c.warp * 16 + c.row;
@@ -172,12 +186,11 @@ struct Mainloop {
       softmax.step(s, rescale);
     };
 
-    smem.q_full.wait(0);
+    smem.q_full.wait(tile_iter & 1);
     if (n_block_end <= 0) {
       return;
     }
-    start_turns(warpgroup);
-    Pipeline k_pipe;
+    Pipeline& k_pipe = pipe;
     float rescale[OnlineSoftmax::kRows];
     uint32_t p[T::kSAccRegs / 2];
     {

@@ -1,7 +1,9 @@
-// Which output tile a CTA computes. One CTA per tile for now (issue 3 makes
-// this persistent); the order keeps all query blocks of one head together so
-// that its K and V stay in L2, and for causal attention starts with the
-// longest tiles (the last query blocks), which evens out the tail.
+// Which output tiles a CTA computes. The grid is persistent (one CTA per SM)
+// and each CTA walks the tile sequence with a stride of gridDim.x. The
+// sequence keeps all query blocks of one (batch, head) together, so the CTAs
+// running at the same time share that head's K and V in L2; for causal
+// attention each head's query blocks come longest first (the last blocks
+// see the most keys), which spreads long and short tiles over the CTAs.
 #pragma once
 
 namespace flash3::sm90::fwd {
@@ -15,6 +17,11 @@ struct Tile {
 struct TileScheduler {
   int num_m_blocks;
   int heads;
+  int num_tiles;
+
+  __device__ int first() const { return static_cast<int>(blockIdx.x); }
+  __device__ int next(int index) const { return index + static_cast<int>(gridDim.x); }
+  __device__ bool valid(int index) const { return index < num_tiles; }
 
   template <bool kCausal>
   __device__ Tile tile(int index) const {
