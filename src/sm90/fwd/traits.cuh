@@ -70,12 +70,22 @@ struct Traits {
 
   // setmaxnreg budgets: 65536 registers per SM, one CTA per SM; the producer
   // needs only addresses, the consumers hold S, P and O.
+  static constexpr int kRegistersPerSm = 65536;
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static_assert(kConsumerWarpgroups == 2, "register budgets are set for 2 consumer warpgroups");
   static_assert(kProducerRegisters * kWarpgroupThreads +
-                    kConsumerRegisters * kConsumerThreads <= 65536,
+                    kConsumerRegisters * kConsumerThreads <= kRegistersPerSm,
                 "register budget exceeds the SM");
+  // At launch every thread holds kLaunchRegisters (ptxas takes the whole
+  // __launch_bounds__ share when setmaxnreg is used); setmaxnreg.inc blocks
+  // until the producer's release covers the consumers' growth, so a release
+  // that falls short hangs the kernel (seen on the H200 with a producer at 32:
+  // it frees 136 x 128 registers, the consumers ask for 72 x 256).
+  static constexpr int kLaunchRegisters = kRegistersPerSm / kThreads / 8 * 8;
+  static_assert((kLaunchRegisters - kProducerRegisters) * kWarpgroupThreads >=
+                    (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
+                "setmaxnreg: the producer must release what the consumers take");
 
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols16;  // 64-column swizzle blocks
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
