@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace flash3::detail {
 namespace {
@@ -18,19 +19,21 @@ constexpr int64_t kMaxDimension = std::numeric_limits<int32_t>::max();
 const char* const kDimNames[4] = {"batch", "seqlen", "heads", "headdim"};
 
 template <class... Parts>
-Status invalid(Parts&&... parts) {
+Status error(StatusCode code, Parts&&... parts) {
   std::ostringstream os;
   os << "flash3::forward: ";
   (os << ... << parts);
-  return Status{StatusCode::kInvalidArgument, os.str()};
+  return Status{code, os.str()};
+}
+
+template <class... Parts>
+Status invalid(Parts&&... parts) {
+  return error(StatusCode::kInvalidArgument, std::forward<Parts>(parts)...);
 }
 
 template <class... Parts>
 Status unsupported(Parts&&... parts) {
-  std::ostringstream os;
-  os << "flash3::forward: ";
-  (os << ... << parts);
-  return Status{StatusCode::kUnsupported, os.str()};
+  return error(StatusCode::kUnsupported, std::forward<Parts>(parts)...);
 }
 
 int64_t element_bytes(DType dtype) {
