@@ -216,6 +216,9 @@ struct Mainloop {
       smem.v_full[v_pipe.stage].wait(v_pipe.phase);
       gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
       pass_turn(warpgroup);
+      if constexpr (!T::kIntraWgOverlap) {
+        mma_wait<0>();  // ablation: the PV GEMM finishes before the softmax starts
+      }
       mma_wait<1>();  // S_n is ready; the PV GEMM may still run
       fence_operands(s);
       smem.k_empty[k_pipe.stage].arrive();

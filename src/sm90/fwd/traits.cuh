@@ -16,13 +16,11 @@ struct TileConfig;
 // kBlockN: key rows per pipeline stage; the S accumulator is kBlockN/2 floats
 //          per thread, P kBlockN/4 registers, O kHeadDim/2 floats.
 // kStages: depth of the K and V rings.
-// kPingPong: the two consumer warpgroups take turns issuing GEMMs.
 // Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D.
 template <bool kCausal>
 struct TileConfig<64, kCausal> {
   // 16 KB Q + 6 x 16 KB K/V: small tiles, so a deeper ring is free.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3;
-  static constexpr bool kPingPong = true;
 };
 template <bool kCausal>
 struct TileConfig<128, kCausal> {
@@ -30,15 +28,26 @@ struct TileConfig<128, kCausal> {
   // more GEMM work (S 88 + P 44 + O 64 registers); causal keeps 128 so that
   // the diagonal blocks waste less. 32 KB Q + 4 x 44 KB K/V = 208 KB.
   static constexpr int kBlockM = 128, kBlockN = kCausal ? 128 : 176, kStages = 2;
-  static constexpr bool kPingPong = true;
 };
 template <bool kCausal>
 struct TileConfig<256, kCausal> {
   // O alone takes 128 registers per thread, so S stays at 80 columns
   // (40 regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits.
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
-  static constexpr bool kPingPong = true;
 };
+
+// Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
+// is worth; the default build has both techniques on.
+#if defined(FLASH3_ABLATE_PINGPONG)
+inline constexpr bool kPingPongEnabled = false;
+#else
+inline constexpr bool kPingPongEnabled = true;
+#endif
+#if defined(FLASH3_ABLATE_INTRA_WG_OVERLAP)
+inline constexpr bool kIntraWgOverlapEnabled = false;
+#else
+inline constexpr bool kIntraWgOverlapEnabled = true;
+#endif
 
 template <DType kDType>
 struct ElementOf;
@@ -60,7 +69,10 @@ struct Traits {
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kStages = Config::kStages;
-  static constexpr bool kPingPong = Config::kPingPong;
+  // The consumer warpgroups take turns issuing GEMMs (mainloop.cuh).
+  static constexpr bool kPingPong = kPingPongEnabled;
+  // A warpgroup's softmax of block n runs under its PV GEMM of block n+1.
+  static constexpr bool kIntraWgOverlap = kIntraWgOverlapEnabled;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma + softmax).
   static constexpr int kWarpgroupThreads = 128;
