@@ -69,23 +69,8 @@ inline uint8_t float_to_e4m3(float x) {
   if (abs >= kE4m3MaxFloatBits) {
     return sign | kE4m3MaxBits;
   }
-  const int exponent = static_cast<int>(abs >> kFloatMantissaBits) - kFloatExponentBias;
-  const uint32_t mantissa = abs & ((1u << kFloatMantissaBits) - 1);
-  if (exponent < kE4m3MinNormalExponent) {
-    // |x| = (2^23 + mantissa) * 2^(exponent - 23), counted in steps of 2^-9.
-    const int shift = kFloatMantissaBits + kE4m3SubnormalExponent - exponent;
-    if (shift > kFloatMantissaBits + 1) {
-      return sign;  // below half the smallest subnormal (float subnormals included)
-    }
-    return sign |
-           static_cast<uint8_t>(shift_round_even((1u << kFloatMantissaBits) | mantissa, shift));
-  }
-  // Normal: a mantissa that rounds up past 7 carries into the exponent; the
-  // largest result is 448 (0x7E), so the NaN code is never reached.
-  const uint32_t biased = static_cast<uint32_t>(exponent + kE4m3ExponentBias);
-  const uint32_t unrounded = (biased << kFloatMantissaBits) | mantissa;
-  return sign |
-         static_cast<uint8_t>(shift_round_even(unrounded, kFloatMantissaBits - kE4m3MantissaBits));
+  // The largest result is 448 (0x7E): the NaN code is never reached.
+  return sign | static_cast<uint8_t>(round_magnitude(abs, kE4m3MantissaBits, kE4m3ExponentBias));
 }
 
 inline float round_to_e4m3(float x) { return e4m3_to_float(float_to_e4m3(x)); }

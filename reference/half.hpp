@@ -27,8 +27,6 @@ constexpr uint32_t kFp16MantissaMask = 0x3FF;
 constexpr uint32_t kFp16ExponentMax = 0x1F;
 // |x| at or above 65520 (halfway from 65504, the largest fp16, to 2^16) rounds to inf.
 constexpr uint32_t kFp16OverflowFloatBits = 0x477FF000u;
-// |x| below 2^-14, the smallest normal fp16, becomes an fp16 subnormal (or zero).
-constexpr uint32_t kFp16MinNormalFloatBits = 0x38800000u;
 // Exponent of the fp16 subnormal step 2^-24.
 constexpr int kFp16SubnormalExponent = -24;
 
@@ -53,6 +51,28 @@ inline uint32_t shift_round_even(uint32_t value, int shift) {
   const uint32_t rest = value & ((1u << shift) - 1);
   const uint32_t half = 1u << (shift - 1);
   return kept + ((rest > half || (rest == half && (kept & 1))) ? 1 : 0);
+}
+
+// The magnitude of a finite float (bits `abs`, below the target's overflow)
+// rounded to nearest-even in a format with `mantissa_bits` stored mantissa
+// bits and exponent bias `bias`, subnormals included; the target's bits
+// without sign. A mantissa that rounds up carries into the exponent.
+inline uint32_t round_magnitude(uint32_t abs, int mantissa_bits, int bias) {
+  const int exponent = static_cast<int>(abs >> kFloatMantissaBits) - kFloatExponentBias;
+  const uint32_t mantissa = abs & ((1u << kFloatMantissaBits) - 1);
+  const int min_normal_exponent = 1 - bias;
+  if (exponent < min_normal_exponent) {
+    // |x| = (2^23 + mantissa) * 2^(exponent - 23), counted in subnormal steps
+    // of 2^(min_normal_exponent - mantissa_bits).
+    const int shift = kFloatMantissaBits + min_normal_exponent - mantissa_bits - exponent;
+    if (shift > kFloatMantissaBits + 1) {
+      return 0;  // below half the smallest subnormal (float subnormals included)
+    }
+    return shift_round_even((1u << kFloatMantissaBits) | mantissa, shift);
+  }
+  const uint32_t biased = static_cast<uint32_t>(exponent + bias);
+  return shift_round_even((biased << kFloatMantissaBits) | mantissa,
+                          kFloatMantissaBits - mantissa_bits);
 }
 
 }  // namespace half_detail
@@ -99,22 +119,7 @@ inline uint16_t float_to_fp16(float x) {
   if (abs >= kFp16OverflowFloatBits) {
     return sign | kFp16Inf;
   }
-  const int exponent = static_cast<int>(abs >> kFloatMantissaBits) - kFloatExponentBias;
-  const uint32_t mantissa = abs & ((1u << kFloatMantissaBits) - 1);
-  if (abs < kFp16MinNormalFloatBits) {
-    // |x| = (2^23 + mantissa) * 2^(exponent - 23), counted in steps of 2^-24.
-    const int shift = kFloatMantissaBits + kFp16SubnormalExponent - exponent;
-    if (shift > kFloatMantissaBits + 1) {
-      return sign;  // below half the smallest subnormal (float subnormals included)
-    }
-    return sign |
-           static_cast<uint16_t>(shift_round_even((1u << kFloatMantissaBits) | mantissa, shift));
-  }
-  // Normal: a mantissa that rounds up past 1023 carries into the exponent.
-  const uint32_t biased = static_cast<uint32_t>(exponent + kFp16ExponentBias);
-  const int shift = kFloatMantissaBits - kFp16MantissaBits;
-  const uint32_t unrounded = (biased << kFloatMantissaBits) | mantissa;
-  return sign | static_cast<uint16_t>(shift_round_even(unrounded, shift));
+  return sign | static_cast<uint16_t>(round_magnitude(abs, kFp16MantissaBits, kFp16ExponentBias));
 }
 
 inline float half_to_float(HalfType type, uint16_t bits) {
