@@ -19,6 +19,7 @@
 
 #include "reference/attention_ref.hpp"
 #include "reference/half.hpp"
+#include "src/sm90/fp8/hadamard_sign.hpp"
 
 namespace flash3::ref {
 
@@ -76,24 +77,11 @@ inline uint8_t float_to_e4m3(float x) {
 inline float round_to_e4m3(float x) { return e4m3_to_float(float_to_e4m3(x)); }
 
 // ---------------------------------------------------------------- Hadamard signs
-// The GPU kernel must use this very function (it is constexpr, so nvcc's
-// --expt-relaxed-constexpr lets device code call it; it moves to a header
-// both include when the kernel lands). Sign of head-dim column `index`:
-// the top bit of splitmix64(seed * kGoldenGamma + index), 1 -> -1, 0 -> +1.
-// The same signs serve every row, head and batch of Q and K.
-inline constexpr uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;
-
-// Steele, Lea and Flood's SplitMix64 step: state += gamma, then the finaliser.
-constexpr uint64_t splitmix64(uint64_t state) {
-  uint64_t z = state + kGoldenGamma;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-constexpr int8_t hadamard_sign(uint64_t seed, int index) {
-  return (splitmix64(seed * kGoldenGamma + static_cast<uint64_t>(index)) >> 63) != 0 ? -1 : 1;
-}
+// hadamard_sign(seed, index), the sign of head-dim column `index`, lives in
+// src/sm90/fp8/hadamard_sign.hpp, which the quantization kernel uses too.
+using incoherent::hadamard_sign;
+using incoherent::kGoldenGamma;
+using incoherent::splitmix64;
 
 // ---------------------------------------------------------------- Hadamard transform
 inline constexpr int kHadamardMinDim = 16;

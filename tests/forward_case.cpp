@@ -22,10 +22,6 @@ constexpr int64_t kPadElements = 16 / sizeof(Bits);
 constexpr int kHopperMajor = 9;
 constexpr int kHopperMinor = 0;
 
-ref::HalfType half_type(DType dtype) {
-  return dtype == DType::kFloat16 ? ref::HalfType::kFloat16 : ref::HalfType::kBFloat16;
-}
-
 size_t extent(const View& v) { return static_cast<size_t>(v.shape[0] * v.stride[0]); }
 
 // A tensor in a buffer of its own kind of layout (not kPackedQkv).
@@ -45,6 +41,14 @@ View own_view(Layout layout, size_t offset, int64_t batch, int64_t seqlen, int64
 
 }  // namespace
 
+ref::HalfType half_type(DType dtype) {
+  return dtype == DType::kFloat16 ? ref::HalfType::kFloat16 : ref::HalfType::kBFloat16;
+}
+
+std::string kernel_label(DType dtype, int headdim) {
+  return (dtype == DType::kFloat16 ? "fp16_d" : "bf16_d") + std::to_string(headdim);
+}
+
 const char* layout_name(Layout layout) {
   switch (layout) {
     case Layout::kContiguous:
@@ -61,7 +65,7 @@ const char* layout_name(Layout layout) {
 
 std::string ForwardCase::name() const {
   std::ostringstream os;
-  os << (dtype == DType::kFloat16 ? "fp16" : "bf16") << "_d" << shape.headdim << "_b" << shape.batch
+  os << kernel_label(dtype, shape.headdim) << "_b" << shape.batch
      << "_q" << shape.seqlen_q << "_k" << shape.seqlen_k << "_h" << shape.heads_q << "_kv"
      << shape.heads_k << (causal ? "_causal" : "");
   if (layout != Layout::kContiguous) {
@@ -168,8 +172,9 @@ void for_each_element(const View& view, const std::function<void(size_t, size_t)
 }
 
 Tensor view_tensor(void* base, DType dtype, const View& view) {
+  const size_t element_bytes = dtype == DType::kFloat8E4M3 ? 1 : sizeof(Bits);
   Tensor t;
-  t.data = static_cast<Bits*>(base) + view.offset;
+  t.data = static_cast<unsigned char*>(base) + view.offset * element_bytes;
   t.dtype = dtype;
   t.shape = view.shape;
   t.stride = view.stride;

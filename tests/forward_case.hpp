@@ -28,6 +28,12 @@ enum class Layout {
 
 const char* layout_name(Layout layout);  // "contiguous", "packed", ...
 
+// The reference's name for a 16-bit dtype.
+ref::HalfType half_type(DType dtype);
+
+// e.g. "bf16_d128"
+std::string kernel_label(DType dtype, int headdim);
+
 struct ForwardCase {
   DType dtype = DType::kBFloat16;
   ref::Shape shape;
@@ -73,7 +79,7 @@ Placement place(const ForwardCase& c);
 // contiguous (batch, seqlen, heads, headdim) order and its index in the buffer.
 void for_each_element(const View& view, const std::function<void(size_t, size_t)>& fn);
 
-// The tensor that `view` describes in the fp16/bf16 buffer at `base`.
+// The tensor that `view` describes in the fp16/bf16 (or e4m3) buffer at `base`.
 Tensor view_tensor(void* base, DType dtype, const View& view);
 
 class DeviceBuffer {

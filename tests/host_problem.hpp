@@ -1,6 +1,7 @@
-// A valid forward call over poisoned host buffers. Validation never touches
-// the memory behind the pointers, so the CPU suites mutate one argument at a
-// time and check that the call is refused and the buffers are unchanged.
+// Valid forward and quantize_fp8 calls over poisoned host buffers. Validation
+// never touches the memory behind the pointers, so the CPU suites mutate one
+// argument at a time and check that the call is refused and the buffers are
+// unchanged.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +10,21 @@
 #include "test_support.hpp"
 
 namespace flash3::test {
+
+// t made contiguous with the given shape, same data and dtype.
+inline void set_dims(Tensor& t, int64_t batch, int64_t seqlen, int64_t heads, int64_t headdim) {
+  t = Tensor::contiguous(t.data, t.dtype, batch, seqlen, heads, headdim);
+}
+
+inline void* offset_bytes(void* base, size_t bytes) {
+  return static_cast<unsigned char*>(base) + bytes;
+}
+
+// An address validation never dereferences, far from every real buffer.
+inline void* far_address(int slot) {
+  constexpr int kSlotShift = 44;
+  return reinterpret_cast<void*>(uintptr_t{static_cast<uintptr_t>(slot)} << kSlotShift);
+}
 
 struct HostProblem {
   // Base shape: batch 2, seqlen_q 8, seqlen_k 16, heads_q 4, heads_k 2, headdim 64.
@@ -46,6 +62,37 @@ struct HostProblem {
   bool untouched() const {
     return q_buffer.untouched() && k_buffer.untouched() && v_buffer.untouched() &&
            out_buffer.untouched() && lse_buffer.untouched();
+  }
+};
+
+struct HostQuantizeProblem {
+  // batch 2, seqlen 40, heads 3, headdim 64; blocks of 16 rows: 3 per head.
+  static constexpr int64_t kBatch = 2;
+  static constexpr int64_t kSeqlen = 40;
+  static constexpr int64_t kHeads = 3;
+  static constexpr int64_t kHeadDim = 64;
+  static constexpr int kBlockRows = 16;
+  static constexpr size_t kBufferBytes = 64 * 1024;
+
+  HostQuantizeProblem() = default;
+  HostQuantizeProblem(const HostQuantizeProblem&) = delete;
+  HostQuantizeProblem& operator=(const HostQuantizeProblem&) = delete;
+
+  PoisonedBuffer x_buffer{kBufferBytes}, x_fp8_buffer{kBufferBytes}, descale_buffer{kBufferBytes};
+
+  Tensor x =
+      Tensor::contiguous(x_buffer.data(), DType::kBFloat16, kBatch, kSeqlen, kHeads, kHeadDim);
+  Tensor x_fp8 = Tensor::contiguous(x_fp8_buffer.data(), DType::kFloat8E4M3, kBatch, kSeqlen,
+                                    kHeads, kHeadDim);
+  float* descale = reinterpret_cast<float*>(descale_buffer.data());
+  QuantizeOptions options{kBlockRows, true, 7};
+
+  Status quantize() const { return flash3::quantize_fp8(x, x_fp8, descale, options, nullptr); }
+
+  flash3_quantize_args c_args() const { return to_c_args(x, x_fp8, descale, options); }
+
+  bool untouched() const {
+    return x_buffer.untouched() && x_fp8_buffer.untouched() && descale_buffer.untouched();
   }
 };
 

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "forward_case.hpp"
+#include "hopper_test.hpp"
 #include "test_support.hpp"
 
 namespace flash3::test {
@@ -19,15 +20,8 @@ namespace {
 
 constexpr int kHeadDims[] = {64, 128, 256};
 
-class HopperTest : public ::testing::Test {
+class ForwardTest : public HopperTest {
  protected:
-  void SetUp() override {
-    static const std::string reason = hopper_missing_reason();
-    if (!reason.empty()) {
-      GTEST_SKIP() << reason;
-    }
-  }
-
   // Each case in turn, until one finds its kernel missing from the build.
   void expect_all_match_reference(const std::vector<ForwardCase>& cases) {
     for (const ForwardCase& c : cases) {
@@ -84,12 +78,7 @@ constexpr float kCustomScales[] = {0.5f, 0.03f};
 
 using SweepParam = std::tuple<DType, int, bool>;  // dtype, headdim, causal
 
-// e.g. "bf16_d128"
-std::string kernel_label(DType dtype, int headdim) {
-  return (dtype == DType::kFloat16 ? "fp16_d" : "bf16_d") + std::to_string(headdim);
-}
-
-class ForwardSweep : public HopperTest, public ::testing::WithParamInterface<SweepParam> {
+class ForwardSweep : public ForwardTest, public ::testing::WithParamInterface<SweepParam> {
  protected:
   ForwardCase make(const Dims& d, Layout layout = Layout::kContiguous, float scale = 0.0f) const {
     const auto& [dtype, headdim, causal] = GetParam();

@@ -47,6 +47,18 @@ inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Ten
   return args;
 }
 
+inline flash3_quantize_args to_c_args(const Tensor& x, const Tensor& x_fp8, float* descale,
+                                      const QuantizeOptions& options) {
+  flash3_quantize_args args{};
+  args.x = to_c(x);
+  args.x_fp8 = to_c(x_fp8);
+  args.descale = descale;
+  args.block_rows = options.block_rows;
+  args.hadamard = options.hadamard ? 1 : 0;
+  args.seed = options.seed;
+  return args;
+}
+
 // Host memory, aligned as TMA wants device memory, filled with a byte pattern
 // so a test can tell whether anything wrote to it.
 class PoisonedBuffer {

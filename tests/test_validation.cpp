@@ -21,10 +21,6 @@ constexpr int64_t kOver2To31 = int64_t{1} << 31;
 constexpr int64_t kOver2To40Bytes = (int64_t{1} << 39) + 8;
 constexpr int64_t kLseRowsLimitSide = int64_t{1} << 16;  // its square exceeds 2^31-1
 
-void set_dims(Tensor& t, int64_t batch, int64_t seqlen, int64_t heads, int64_t headdim) {
-  t = Tensor::contiguous(t.data, t.dtype, batch, seqlen, heads, headdim);
-}
-
 void set_headdim(Tensor& t, int64_t headdim) {
   set_dims(t, t.shape[0], t.shape[1], t.shape[2], headdim);
 }
@@ -33,14 +29,6 @@ void set_headdim_all(HostProblem& p, int64_t headdim) {
   for (Tensor* t : {&p.q, &p.k, &p.v, &p.out}) {
     set_headdim(*t, headdim);
   }
-}
-
-void* offset_bytes(void* base, size_t bytes) { return static_cast<unsigned char*>(base) + bytes; }
-
-// An address validation never dereferences, far from every real buffer.
-void* far_address(int slot) {
-  constexpr int kSlotShift = 44;
-  return reinterpret_cast<void*>(uintptr_t{static_cast<uintptr_t>(slot)} << kSlotShift);
 }
 
 struct InvalidCase {

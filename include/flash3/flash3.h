@@ -68,6 +68,26 @@ typedef struct flash3_forward_args {
 /* Exact attention forward, enqueued on `stream`. */
 flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t stream);
 
+typedef struct flash3_quantize_args {
+  flash3_tensor x;     /* (batch, seqlen, heads, headdim 64, 128 or 256), float16 or bfloat16 */
+  flash3_tensor x_fp8; /* like x, float8_e4m3; must not overlap x or descale */
+  /* float32, contiguous (batch, heads, ceil(seqlen / block_rows)): the scale
+   * of each block, amax / 448 (1 for an all-zero block), so that
+   * x ~= float(x_fp8) * descale (in the transformed basis with hadamard). */
+  float* descale;
+  /* Sequence rows of one (batch, head) that share a scale, 1 to 2^20
+   * (the C++ default, 128, is the FP8 forward's tile of query rows). */
+  int block_rows;
+  /* Nonzero: every row first gets the randomized Hadamard transform
+   * (x * signs(seed)) H / sqrt(headdim), for Q and K (incoherent processing). */
+  int hadamard;
+  uint64_t seed;
+} flash3_quantize_args;
+
+/* FP8 (e4m3) quantization with one scale per block of rows of one head,
+ * enqueued on `stream`; codes round to nearest-even and saturate at +-448. */
+flash3_status flash3_quantize_fp8(const flash3_quantize_args* args, cudaStream_t stream);
+
 /* The message of the last error on this thread ("" after a success). */
 const char* flash3_last_error(void);
 

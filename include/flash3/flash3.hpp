@@ -76,6 +76,29 @@ Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
                float* softmax_lse, const ForwardOptions& options = {},
                cudaStream_t stream = nullptr);
 
+struct QuantizeOptions {
+  // Sequence rows of one (batch, head) that share a scale, 1 to 2^20; the
+  // default is the FP8 forward's tile of query rows.
+  int block_rows = 128;
+  // Every row first gets the randomized Hadamard transform
+  // (x * signs(seed)) H / sqrt(headdim): for Q and K, where it leaves Q K^T
+  // unchanged and spreads outliers (incoherent processing).
+  bool hadamard = false;
+  uint64_t seed = 0;
+};
+
+// FP8 (e4m3) quantization of x (float16 or bfloat16; headdim 64, 128 or 256)
+// into x_fp8 (same shape, float8_e4m3, both strided as Tensor allows), with
+// one scale per block of block_rows sequence rows of one (batch, head):
+// descale (float32, contiguous (batch, heads, ceil(seqlen / block_rows)))
+// receives amax / 448 (1 for an all-zero block), so that
+// x ~= float(x_fp8) * descale (x transformed, with the Hadamard option).
+// Codes are round-to-nearest-even of x / descale, saturated at +-448. x_fp8
+// must not overlap x or descale. Bit for bit the arithmetic of the CPU
+// reference (reference/fp8.hpp: quantize_e4m3).
+Status quantize_fp8(const Tensor& x, const Tensor& x_fp8, float* descale,
+                    const QuantizeOptions& options = {}, cudaStream_t stream = nullptr);
+
 // "major.minor.patch"
 const char* version();
 

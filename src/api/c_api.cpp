@@ -42,6 +42,18 @@ flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t strea
                                 to_cpp(args->out), args->softmax_lse, options, stream));
 }
 
+flash3_status flash3_quantize_fp8(const flash3_quantize_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_quantize_fp8: args is null"});
+  }
+  flash3::QuantizeOptions options;
+  options.block_rows = args->block_rows;
+  options.hadamard = args->hadamard != 0;
+  options.seed = args->seed;
+  return finish(flash3::quantize_fp8(to_cpp(args->x), to_cpp(args->x_fp8), args->descale,
+                                     options, stream));
+}
+
 const char* flash3_last_error(void) { return g_last_error.c_str(); }
 
 const char* flash3_version(void) {

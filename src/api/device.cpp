@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <initializer_list>
 #include <sstream>
 
 namespace flash3::detail {
@@ -10,37 +11,58 @@ namespace {
 constexpr int kHopperMajor = 9;
 constexpr int kHopperMinor = 0;
 
-Status cuda_status(StatusCode code, const char* what, cudaError_t err) {
+struct CurrentDevice {
+  int device = 0;
+  int num_sms = 0;
+};
+
+struct NamedPointer {
+  const char* name;
+  const void* ptr;
+};
+
+Status cuda_status(StatusCode code, const char* call, const char* what, cudaError_t err) {
   std::ostringstream os;
-  os << "flash3::forward: " << what << " (" << cudaGetErrorName(err) << ": "
-     << cudaGetErrorString(err) << ")";
+  os << call << ": " << what << " (" << cudaGetErrorName(err) << ": " << cudaGetErrorString(err)
+     << ")";
   return Status{code, os.str()};
 }
 
-Status check_pointer(const char* name, const void* ptr, int device) {
+Status check_pointer(const char* call, const char* name, const void* ptr, int device) {
   cudaPointerAttributes attr{};
   cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error so later calls are not blamed
-    return cuda_status(StatusCode::kInvalidArgument, name, err);
+    return cuda_status(StatusCode::kInvalidArgument, call, name, err);
   }
   if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
     return Status{StatusCode::kInvalidArgument,
-                  std::string("flash3::forward: ") + name +
+                  std::string(call) + ": " + name +
                       " is not device memory (pass a cudaMalloc'd or managed pointer)"};
   }
   if (attr.type == cudaMemoryTypeDevice && attr.device != device) {
     std::ostringstream os;
-    os << "flash3::forward: " << name << " lives on device " << attr.device
+    os << call << ": " << name << " lives on device " << attr.device
        << " but the current device is " << device;
     return Status{StatusCode::kInvalidArgument, os.str()};
   }
   return Status{};
 }
 
-}  // namespace
+// Null pointers are skipped: validation has refused those that may not be null.
+Status check_each_pointer(const char* call, int device, std::initializer_list<NamedPointer> list) {
+  for (const auto& [name, ptr] : list) {
+    if (ptr == nullptr) {
+      continue;
+    }
+    if (Status s = check_pointer(call, name, ptr, device); !s.ok()) {
+      return s;
+    }
+  }
+  return Status{};
+}
 
-Status check_device(ForwardParams* params) {
+Status current_hopper(const char* call, CurrentDevice* current) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) {
@@ -52,8 +74,8 @@ Status check_device(ForwardParams* params) {
   }
   if (err != cudaSuccess) {
     cudaGetLastError();
-    return cuda_status(StatusCode::kNoDevice, "no usable CUDA device; flash3 needs a Hopper GPU",
-                       err);
+    return cuda_status(StatusCode::kNoDevice, call,
+                       "no usable CUDA device; flash3 needs a Hopper GPU", err);
   }
   int major = 0, minor = 0, sms = 0;
   if ((err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) !=
@@ -63,35 +85,51 @@ Status check_device(ForwardParams* params) {
       (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) !=
           cudaSuccess) {
     cudaGetLastError();
-    return cuda_status(StatusCode::kCudaError, "cannot query the current device", err);
+    return cuda_status(StatusCode::kCudaError, call, "cannot query the current device", err);
   }
   if (major != kHopperMajor || minor != kHopperMinor) {
     std::ostringstream os;
-    os << "flash3::forward: device " << device << " has compute capability " << major << "."
-       << minor << "; flash3's kernels need a Hopper GPU (sm_90: H100, H200)";
+    os << call << ": device " << device << " has compute capability " << major << "." << minor
+       << "; flash3's kernels need a Hopper GPU (sm_90: H100, H200)";
     return Status{StatusCode::kNoDevice, os.str()};
   }
-  params->device = device;
-  params->num_sms = sms;
+  *current = CurrentDevice{device, sms};
+  return Status{};
+}
+
+}  // namespace
+
+Status check_device(ForwardParams* params) {
+  CurrentDevice current;
+  if (Status s = current_hopper(kForwardCall, &current); !s.ok()) {
+    return s;
+  }
+  params->device = current.device;
+  params->num_sms = current.num_sms;
+  return Status{};
+}
+
+Status check_device(QuantizeParams* params) {
+  CurrentDevice current;
+  if (Status s = current_hopper(kQuantizeCall, &current); !s.ok()) {
+    return s;
+  }
+  params->device = current.device;
   return Status{};
 }
 
 Status check_pointers(const ForwardParams& p) {
-  const struct {
-    const char* name;
-    const void* ptr;
-  } pointers[] = {{"q.data", p.q},     {"k.data", p.k},
-                  {"v.data", p.v},     {"out.data", p.out},
-                  {"softmax_lse", p.softmax_lse}};
-  for (const auto& [name, ptr] : pointers) {
-    if (ptr == nullptr) {
-      continue;  // only softmax_lse may be null here; validation saw to the rest
-    }
-    if (Status s = check_pointer(name, ptr, p.device); !s.ok()) {
-      return s;
-    }
-  }
-  return Status{};
+  return check_each_pointer(kForwardCall, p.device,
+                            {{"q.data", p.q},
+                             {"k.data", p.k},
+                             {"v.data", p.v},
+                             {"out.data", p.out},
+                             {"softmax_lse", p.softmax_lse}});
+}
+
+Status check_pointers(const QuantizeParams& p) {
+  return check_each_pointer(kQuantizeCall, p.device,
+                            {{"x.data", p.x}, {"x_fp8.data", p.x_fp8}, {"descale", p.descale}});
 }
 
 }  // namespace flash3::detail

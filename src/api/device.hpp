@@ -7,10 +7,13 @@
 
 namespace flash3::detail {
 
-// Fills params->device and params->num_sms, or says why this device cannot run flash3.
+// Fills params->device (and the forward's num_sms), or says why this device
+// cannot run flash3.
 Status check_device(ForwardParams* params);
+Status check_device(QuantizeParams* params);
 
 // Every pointer in params must be device (or managed) memory of params->device.
 Status check_pointers(const ForwardParams& params);
+Status check_pointers(const QuantizeParams& params);
 
 }  // namespace flash3::detail

@@ -1,6 +1,7 @@
 #include "dispatch.hpp"
 
 #include <string>
+#include <type_traits>
 
 #include "kernels_built.hpp"  // generated: the (dtype, head dim) pairs of FLASH3_KERNELS
 #include "validate.hpp"
@@ -14,40 +15,62 @@ Status launch_if_built(const ForwardParams& p, cudaStream_t stream) {
     return launch_forward_sm90<kDType, kHeadDim>(p, stream);
   } else {
     return Status{StatusCode::kUnsupported,
-                  std::string("flash3::forward: the ") + dtype_name(kDType) + " headdim " +
+                  std::string(kForwardCall) + ": the " + dtype_name(kDType) + " headdim " +
                       std::to_string(kHeadDim) +
                       " kernel is not in this build (configure with -DFLASH3_KERNELS=all)"};
   }
 }
 
-template <DType kDType>
-Status dispatch_headdim(const ForwardParams& p, cudaStream_t stream) {
-  switch (p.headdim) {
+// fn(std::integral_constant<DType, dtype>{}) for the 16-bit dtypes.
+template <class Fn>
+Status visit_dtype(const char* call, DType dtype, const Fn& fn) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return fn(std::integral_constant<DType, DType::kFloat16>{});
+    case DType::kBFloat16:
+      return fn(std::integral_constant<DType, DType::kBFloat16>{});
+    default:
+      break;
+  }
+  return Status{StatusCode::kInternal, std::string(call) + ": no kernel for this dtype"};
+}
+
+// fn(std::integral_constant<int, headdim>{}) for the head dims of kSupportedHeadDims.
+template <class Fn>
+Status visit_headdim(const char* call, int headdim, const Fn& fn) {
+  switch (headdim) {
     case 64:
-      return launch_if_built<kDType, 64>(p, stream);
+      return fn(std::integral_constant<int, 64>{});
     case 128:
-      return launch_if_built<kDType, 128>(p, stream);
+      return fn(std::integral_constant<int, 128>{});
     case 256:
-      return launch_if_built<kDType, 256>(p, stream);
+      return fn(std::integral_constant<int, 256>{});
     default:
       break;
   }
   return Status{StatusCode::kInternal,
-                "flash3::forward: no kernel for headdim " + std::to_string(p.headdim)};
+                std::string(call) + ": no kernel for headdim " + std::to_string(headdim)};
 }
 
 }  // namespace
 
-Status dispatch_forward(const ForwardParams& p, cudaStream_t stream) {
-  switch (p.dtype) {
-    case DType::kFloat16:
-      return dispatch_headdim<DType::kFloat16>(p, stream);
-    case DType::kBFloat16:
-      return dispatch_headdim<DType::kBFloat16>(p, stream);
-    default:
-      break;
-  }
-  return Status{StatusCode::kInternal, "flash3::forward: no kernel for this dtype"};
+Status dispatch(const ForwardParams& p, cudaStream_t stream) {
+  return visit_dtype(kForwardCall, p.dtype, [&](auto dtype) {
+    return visit_headdim(kForwardCall, p.headdim, [&](auto headdim) {
+      return launch_if_built<decltype(dtype)::value, decltype(headdim)::value>(p, stream);
+    });
+  });
+}
+
+Status dispatch(const QuantizeParams& p, cudaStream_t stream) {
+  return visit_dtype(kQuantizeCall, p.dtype, [&](auto dtype) {
+    return visit_headdim(kQuantizeCall, p.headdim, [&](auto headdim) {
+      constexpr DType kDType = decltype(dtype)::value;
+      constexpr int kHeadDim = decltype(headdim)::value;
+      return p.hadamard ? launch_quantize_sm90<kDType, kHeadDim, true>(p, stream)
+                        : launch_quantize_sm90<kDType, kHeadDim, false>(p, stream);
+    });
+  });
 }
 
 }  // namespace flash3::detail

@@ -1,5 +1,5 @@
-// The one place where run-time choices (dtype, head dim) become a kernel
-// template instantiation.
+// The one place where run-time choices (dtype, head dim, transform) become a
+// kernel template instantiation.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,6 +15,12 @@ namespace flash3::detail {
 template <DType kDType, int kHeadDim>
 Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream);
 
-Status dispatch_forward(const ForwardParams& params, cudaStream_t stream);
+// Every (dtype, head dim, transform) instantiated in src/sm90/fp8/quantize.cu,
+// whatever FLASH3_KERNELS says.
+template <DType kDType, int kHeadDim, bool kHadamard>
+Status launch_quantize_sm90(const QuantizeParams& params, cudaStream_t stream);
+
+Status dispatch(const ForwardParams& params, cudaStream_t stream);
+Status dispatch(const QuantizeParams& params, cudaStream_t stream);
 
 }  // namespace flash3::detail

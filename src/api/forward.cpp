@@ -1,9 +1,5 @@
-// The C++ entry point: validate, check the device, dispatch.
-#include <exception>
-#include <string>
-
-#include "device.hpp"
-#include "dispatch.hpp"
+// The C++ entry point of the forward: validate, check the device, dispatch.
+#include "call.hpp"
 #include "flash3/flash3.hpp"
 #include "validate.hpp"
 
@@ -11,24 +7,12 @@ namespace flash3 {
 
 Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                float* softmax_lse, const ForwardOptions& options, cudaStream_t stream) {
-  try {
-    detail::ForwardParams params;
-    if (Status s = detail::validate_forward(q, k, v, out, softmax_lse, options, &params);
-        !s.ok()) {
-      return s;
-    }
-    if (Status s = detail::check_device(&params); !s.ok()) {
-      return s;
-    }
-    if (Status s = detail::check_pointers(params); !s.ok()) {
-      return s;
-    }
-    return detail::dispatch_forward(params, stream);
-  } catch (const std::exception& e) {
-    return Status{StatusCode::kInternal, std::string("flash3::forward: ") + e.what()};
-  } catch (...) {
-    return Status{StatusCode::kInternal, "flash3::forward: unknown exception"};
-  }
+  return detail::run_call<detail::ForwardParams>(
+      detail::kForwardCall,
+      [&](detail::ForwardParams* params) {
+        return detail::validate_forward(q, k, v, out, softmax_lse, options, params);
+      },
+      stream);
 }
 
 const char* version() { return flash3_version(); }

@@ -1,4 +1,4 @@
-// Internal description of one validated forward call: what the kernels see.
+// Internal description of one validated call: what the kernels see.
 #pragma once
 
 #include <cstdint>
@@ -6,6 +6,10 @@
 #include "flash3/flash3.hpp"
 
 namespace flash3::detail {
+
+// The public calls, as their error messages begin.
+inline constexpr char kForwardCall[] = "flash3::forward";
+inline constexpr char kQuantizeCall[] = "flash3::quantize_fp8";
 
 // Element strides of a (batch, seqlen, heads, headdim) tensor, headdim contiguous.
 struct Strides3 {
@@ -35,6 +39,27 @@ struct ForwardParams {
 
   int device = 0;     // filled by the device check
   int num_sms = 0;
+};
+
+struct QuantizeParams {
+  const void* x = nullptr;
+  void* x_fp8 = nullptr;
+  float* descale = nullptr;  // contiguous (batch, heads, blocks_per_head)
+
+  DType dtype = DType::kBFloat16;  // of x
+  int batch = 0;
+  int seqlen = 0;
+  int heads = 0;
+  int headdim = 0;
+  Strides3 x_stride, x_fp8_stride;
+
+  int block_rows = 0;
+  int blocks_per_head = 0;  // ceil(seqlen / block_rows)
+  int num_blocks = 0;       // batch * heads * blocks_per_head: the number of scales
+  bool hadamard = false;
+  uint64_t seed = 0;
+
+  int device = 0;  // filled by the device check
 };
 
 }  // namespace flash3::detail

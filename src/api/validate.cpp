@@ -11,17 +11,20 @@ namespace flash3::detail {
 namespace {
 
 // TMA (cp.async.bulk.tensor) limits, from the CUDA driver's cuTensorMapEncodeTiled.
-constexpr int64_t kTmaAlignmentBytes = 16;          // base address and every stride
+constexpr int64_t kTmaAlignmentBytes = 16;  // base address and every stride (also the
+                                            // quantization kernel's vector accesses)
 constexpr int64_t kTmaMaxStrideBytes = int64_t{1} << 40;
 // Tile coordinates and row indices are 32-bit signed inside the kernels.
 constexpr int64_t kMaxDimension = std::numeric_limits<int32_t>::max();
+// One CTA quantizes a whole block of rows: larger blocks would leave most SMs idle.
+constexpr int64_t kMaxBlockRows = int64_t{1} << 20;
 
 const char* const kDimNames[4] = {"batch", "seqlen", "heads", "headdim"};
 
+// Messages name the argument; with_call puts the public call's name in front.
 template <class... Parts>
 Status error(StatusCode code, Parts&&... parts) {
   std::ostringstream os;
-  os << "flash3::forward: ";
   (os << ... << parts);
   return Status{code, os.str()};
 }
@@ -51,6 +54,38 @@ int64_t element_bytes(DType dtype) {
 
 bool known_dtype(DType dtype) { return element_bytes(dtype) != 0; }
 
+// Whether a call takes a tensor of this (known) dtype.
+using DTypeRule = Status (*)(const char* name, DType dtype);
+
+// q, k, v and out of the forward.
+Status forward_dtype(const char* name, DType dtype) {
+  if (dtype == DType::kFloat32) {
+    return invalid(name, ".dtype is float32; q, k, v and out must be float16 or bfloat16");
+  }
+  if (dtype == DType::kFloat8E4M3) {
+    return unsupported(name, ".dtype is float8_e4m3, which the forward does not support yet; "
+                       "use float16 or bfloat16");
+  }
+  return Status{};
+}
+
+// The input of quantize_fp8.
+Status half_dtype(const char* name, DType dtype) {
+  if (dtype != DType::kFloat16 && dtype != DType::kBFloat16) {
+    return invalid(name, ".dtype is ", dtype_name(dtype), "; ", name,
+                   " must be float16 or bfloat16");
+  }
+  return Status{};
+}
+
+// The output of quantize_fp8.
+Status e4m3_dtype(const char* name, DType dtype) {
+  if (dtype != DType::kFloat8E4M3) {
+    return invalid(name, ".dtype is ", dtype_name(dtype), "; ", name, " must be float8_e4m3");
+  }
+  return Status{};
+}
+
 // Byte span [lo, hi) that a tensor's elements occupy; false if it overflows.
 bool byte_span(const Tensor& t, uint64_t* lo, uint64_t* hi) {
   const int64_t bytes = element_bytes(t.dtype);
@@ -68,20 +103,17 @@ bool byte_span(const Tensor& t, uint64_t* lo, uint64_t* hi) {
   return true;
 }
 
-// One tensor on its own: pointer, dtype, shape, strides, alignment.
-Status check_tensor(const char* name, const Tensor& t) {
+// One tensor on its own: pointer, dtype (known, and one `accepts` takes),
+// shape, strides, alignment.
+Status check_tensor(const char* name, const Tensor& t, DTypeRule accepts) {
   if (t.data == nullptr) {
     return invalid(name, ".data is null");
   }
   if (!known_dtype(t.dtype)) {
     return invalid(name, ".dtype has the unknown value ", static_cast<int>(t.dtype));
   }
-  if (t.dtype == DType::kFloat32) {
-    return invalid(name, ".dtype is float32; q, k, v and out must be float16 or bfloat16");
-  }
-  if (t.dtype == DType::kFloat8E4M3) {
-    return unsupported(name, ".dtype is float8_e4m3, which the forward does not support yet; "
-                       "use float16 or bfloat16");
+  if (Status s = accepts(name, t.dtype); !s.ok()) {
+    return s;
   }
   for (int i = 0; i < 4; ++i) {
     if (t.shape[i] < 1) {
@@ -113,12 +145,12 @@ Status check_tensor(const char* name, const Tensor& t) {
     if ((t.stride[i] * bytes) % kTmaAlignmentBytes != 0) {
       return invalid(name, ".stride[", i, "] (", kDimNames[i], ") = ", t.stride[i],
                      " elements (", t.stride[i] * bytes, " bytes) is not a multiple of ",
-                     kTmaAlignmentBytes, " bytes, which TMA needs");
+                     kTmaAlignmentBytes, " bytes, which 16-byte accesses (TMA, vectors) need");
     }
   }
   if (reinterpret_cast<uintptr_t>(t.data) % kTmaAlignmentBytes != 0) {
     return invalid(name, ".data is not ", kTmaAlignmentBytes,
-                   "-byte aligned, which TMA needs");
+                   "-byte aligned, which 16-byte accesses (TMA, vectors) need");
   }
   uint64_t lo = 0, hi = 0;
   if (!byte_span(t, &lo, &hi)) {
@@ -169,6 +201,17 @@ bool supported_headdim(int64_t d) {
   return false;
 }
 
+// The `blocks_per_head` scales of each (batch, head) of x as a float32 tensor
+// (batch, heads, blocks, 1), for the span and overlap checks.
+Tensor descale_tensor(float* descale, const Tensor& x, int64_t blocks_per_head) {
+  Tensor t;
+  t.data = descale;
+  t.dtype = DType::kFloat32;
+  t.shape = {x.shape[0], x.shape[2], blocks_per_head, 1};
+  t.stride = {x.shape[2] * blocks_per_head, blocks_per_head, 1, 1};
+  return t;
+}
+
 Strides3 strides_of(const Tensor& t) {
   // Dimensions of size 1 may carry any stride (PyTorch's do); give them a
   // harmless one that TMA accepts.
@@ -179,31 +222,21 @@ Strides3 strides_of(const Tensor& t) {
   return s;
 }
 
-}  // namespace
-
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kFloat32:
-      return "float32";
-    case DType::kFloat8E4M3:
-      return "float8_e4m3";
+Status with_call(const char* call, Status s) {
+  if (!s.ok()) {
+    s.message = std::string(call) + ": " + s.message;
   }
-  return "unknown";
+  return s;
 }
 
-Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        float* softmax_lse, const ForwardOptions& options,
-                        ForwardParams* params) {
+Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     float* softmax_lse, const ForwardOptions& options, ForwardParams* params) {
   const struct {
     const char* name;
     const Tensor& t;
   } tensors[] = {{"q", q}, {"k", k}, {"v", v}, {"out", out}};
   for (const auto& [name, t] : tensors) {
-    if (Status s = check_tensor(name, t); !s.ok()) {
+    if (Status s = check_tensor(name, t, forward_dtype); !s.ok()) {
       return s;
     }
   }
@@ -284,6 +317,105 @@ Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const
   p.causal = options.causal;
   *params = p;
   return Status{};
+}
+
+Status check_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
+                      const QuantizeOptions& options, QuantizeParams* params) {
+  if (Status s = check_tensor("x", x, half_dtype); !s.ok()) {
+    return s;
+  }
+  if (Status s = check_tensor("x_fp8", x_fp8, e4m3_dtype); !s.ok()) {
+    return s;
+  }
+  if (x_fp8.shape != x.shape) {
+    return invalid("x_fp8.shape (", x_fp8.shape[0], ", ", x_fp8.shape[1], ", ", x_fp8.shape[2],
+                   ", ", x_fp8.shape[3], ") differs from x.shape (", x.shape[0], ", ", x.shape[1],
+                   ", ", x.shape[2], ", ", x.shape[3], ")");
+  }
+  if (!supported_headdim(x.shape[3])) {
+    return unsupported("headdim = ", x.shape[3], " is not supported; supported: 64, 128, 256");
+  }
+  if (options.block_rows < 1 || options.block_rows > kMaxBlockRows) {
+    return invalid("options.block_rows = ", options.block_rows, " must be in [1, ",
+                   kMaxBlockRows, "]");
+  }
+  if (descale == nullptr) {
+    return invalid("descale is null");
+  }
+  if (reinterpret_cast<uintptr_t>(descale) % alignof(float) != 0) {
+    return invalid("descale is not 4-byte aligned");
+  }
+  const int64_t blocks_per_head = (x.shape[1] + options.block_rows - 1) / options.block_rows;
+  const unsigned __int128 num_blocks =
+      static_cast<unsigned __int128>(x.shape[0] * x.shape[2]) * blocks_per_head;
+  if (num_blocks > kMaxDimension) {
+    return invalid("batch * heads * ceil(seqlen / block_rows) = ",
+                   static_cast<uint64_t>(num_blocks), " scales exceeds 2^31-1");
+  }
+  const Tensor scales = descale_tensor(descale, x, blocks_per_head);
+  uint64_t lo = 0, hi = 0;
+  if (!byte_span(scales, &lo, &hi)) {
+    return invalid("descale: its ", static_cast<uint64_t>(num_blocks),
+                   " floats address past the end of the address space");
+  }
+  if (self_overlapping(x_fp8)) {
+    return invalid("x_fp8's strides make elements overlap; x_fp8 must not alias itself");
+  }
+  if (spans_intersect(x_fp8, x)) {
+    return invalid("x_fp8 overlaps x in memory; the output must not alias the input");
+  }
+  if (spans_intersect(scales, x_fp8)) {
+    return invalid("descale overlaps x_fp8 in memory; the outputs must not alias each other");
+  }
+  if (spans_intersect(scales, x)) {
+    return invalid("descale overlaps x in memory; the output must not alias the input");
+  }
+
+  QuantizeParams p;
+  p.x = x.data;
+  p.x_fp8 = x_fp8.data;
+  p.descale = descale;
+  p.dtype = x.dtype;
+  p.batch = static_cast<int>(x.shape[0]);
+  p.seqlen = static_cast<int>(x.shape[1]);
+  p.heads = static_cast<int>(x.shape[2]);
+  p.headdim = static_cast<int>(x.shape[3]);
+  p.x_stride = strides_of(x);
+  p.x_fp8_stride = strides_of(x_fp8);
+  p.block_rows = options.block_rows;
+  p.blocks_per_head = static_cast<int>(blocks_per_head);
+  p.num_blocks = static_cast<int>(num_blocks);
+  p.hadamard = options.hadamard;
+  p.seed = options.seed;
+  *params = p;
+  return Status{};
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat8E4M3:
+      return "float8_e4m3";
+  }
+  return "unknown";
+}
+
+Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        float* softmax_lse, const ForwardOptions& options,
+                        ForwardParams* params) {
+  return with_call(kForwardCall, check_forward(q, k, v, out, softmax_lse, options, params));
+}
+
+Status validate_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
+                         const QuantizeOptions& options, QuantizeParams* params) {
+  return with_call(kQuantizeCall, check_quantize(x, x_fp8, descale, options, params));
 }
 
 }  // namespace flash3::detail

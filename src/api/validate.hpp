@@ -8,7 +8,7 @@
 
 namespace flash3::detail {
 
-// Head dimensions the forward kernels are built for.
+// Head dimensions the forward and quantization kernels are built for.
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 
 // Checks q, k, v, out, softmax_lse and options; on success fills `params`
@@ -16,6 +16,11 @@ inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         float* softmax_lse, const ForwardOptions& options,
                         ForwardParams* params);
+
+// Checks x, x_fp8, descale and options; on success fills `params`
+// (everything but the device fields) and returns an ok Status.
+Status validate_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
+                         const QuantizeOptions& options, QuantizeParams* params);
 
 const char* dtype_name(DType dtype);
 

@@ -1,0 +1,203 @@
+// FP8 quantization (issue 4): fp16/bf16 rows to e4m3 codes with one scale
+// per block of rows of one (batch, head), optionally after the randomized
+// Hadamard transform. Memory-bound: 2 bytes read and 1 written per element.
+//
+// One CTA per (batch, row block, head), heads fastest so that the CTAs
+// running together read neighbouring memory. The CTA walks its block in
+// passes of kRowsPerPass rows (row.cuh says how a row lies on 8 lanes):
+//   amax pass:   load, transform, |max|; the first kCachedPasses stay in registers
+//   scale:       warp max, then across warps through shared memory
+//   encode pass: e4m3(x / scale) of the cached rows; later rows loaded again
+// Rows past seqlen are neither read nor written nor counted in amax.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "api/dispatch.hpp"
+#include "hadamard_sign.hpp"
+#include "row.cuh"
+
+namespace flash3::sm90::fp8 {
+
+struct QuantizeArgs {
+  const uint16_t* x;                        // fp16 or bf16 bits
+  uint8_t* x_fp8;                           // e4m3 bits
+  float* descale;                           // (batch, heads, blocks_per_head)
+  detail::Strides3 x_stride, x_fp8_stride;  // elements
+  int seqlen;
+  int heads;
+  int block_rows;
+  int blocks_per_head;
+  float norm;  // float(1 / sqrt(headdim)), rounded as the reference rounds it
+  uint32_t sign_bits[kMaxHeadDim / kBitsPerWord];  // bit j: column j's Hadamard sign is -1
+};
+
+// The block's scale from every thread's amax: amax / 448 (IEEE division), 1
+// where that is 0. The order of the maxima does not matter: max is exact.
+template <class T>
+__device__ float block_scale(float amax, float* warp_amax) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(kFullWarp, amax, offset));
+  }
+  if (lane == 0) {
+    warp_amax[warp] = amax;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < T::kWarps; ++w) {
+    amax = fmaxf(amax, warp_amax[w]);
+  }
+  const float scale = __fdiv_rn(amax, kE4m3Max);
+  return scale == 0.0f ? kUnitScale : scale;
+}
+
+template <DType kDType, int kHeadDim, bool kHadamard>
+__global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
+                                  QuantizeTraits<kHeadDim>::kMinBlocksPerSm)
+    quantize_kernel(const __grid_constant__ QuantizeArgs args) {
+  using T = QuantizeTraits<kHeadDim>;
+  using Fragment = RowFragment<kHeadDim>;
+  __shared__ float warp_amax[T::kWarps];
+  __shared__ alignas(sizeof(uint4)) uint32_t sign_masks[kHeadDim / 2];
+
+  const int head = blockIdx.x % args.heads;
+  const int block = blockIdx.x / args.heads % args.blocks_per_head;
+  const int batch = blockIdx.x / args.heads / args.blocks_per_head;
+  const int first_row = block * args.block_rows;
+  const int rows = min(args.block_rows, args.seqlen - first_row);
+  const int passes = (rows + T::kRowsPerPass - 1) / T::kRowsPerPass;
+  const int slot = threadIdx.x / T::kLanesPerRow;  // the row of each pass
+  const int lane_in_row = threadIdx.x % T::kLanesPerRow;
+
+  const uint16_t* x = args.x + batch * args.x_stride.batch + head * args.x_stride.head +
+                      first_row * args.x_stride.seq;
+  uint8_t* x_fp8 = args.x_fp8 + batch * args.x_fp8_stride.batch + head * args.x_fp8_stride.head +
+                   first_row * args.x_fp8_stride.seq;
+  if constexpr (kHadamard) {
+    fill_sign_masks<kHeadDim>(args.sign_bits, sign_masks);
+  }
+
+  // Every lane of a warp runs every pass (the butterflies shuffle); rows past
+  // the block load zeros and store nothing.
+  const auto row_of = [&](int pass) { return pass * T::kRowsPerPass + slot; };
+  const auto load = [&](int pass) {
+    const int row = row_of(pass);
+    return load_row<kHeadDim>(x + row * args.x_stride.seq, row < rows, lane_in_row);
+  };
+  const auto transform = [&](RawFragment<kHeadDim> raw) {
+    if constexpr (kHadamard) {
+      flip_signs(raw, sign_masks, lane_in_row);
+    }
+    Fragment f = to_floats<kDType, kHeadDim>(raw);
+    if constexpr (kHadamard) {
+      walsh_hadamard(f, lane_in_row, args.norm);
+    }
+    return f;
+  };
+  const auto store = [&](const Fragment& f, int pass, float scale) {
+    const int row = row_of(pass);
+    store_codes(f, scale, x_fp8 + row * args.x_fp8_stride.seq, row < rows, lane_in_row);
+  };
+
+  // Amax pass: all cached loads in flight before the first transform.
+  RawFragment<kHeadDim> raw[T::kCachedPasses];
+#pragma unroll
+  for (int p = 0; p < T::kCachedPasses; ++p) {
+    raw[p] = load(p);
+  }
+  if constexpr (kHadamard) {
+    __syncthreads();  // the sign masks
+  }
+  float amax = 0.0f;
+  Fragment cached[T::kCachedPasses];
+#pragma unroll
+  for (int p = 0; p < T::kCachedPasses; ++p) {
+    if (p < passes) {
+      cached[p] = transform(raw[p]);
+      amax = fragment_amax(cached[p], amax);
+    }
+  }
+  for (int p = T::kCachedPasses; p < passes; ++p) {
+    amax = fragment_amax(transform(load(p)), amax);
+  }
+
+  const float scale = block_scale<T>(amax, warp_amax);
+  if (threadIdx.x == 0) {
+    const int64_t index = (int64_t{batch} * args.heads + head) * args.blocks_per_head + block;
+    args.descale[index] = scale;
+  }
+
+  // Encode pass.
+#pragma unroll
+  for (int p = 0; p < T::kCachedPasses; ++p) {
+    if (p < passes) {
+      store(cached[p], p, scale);
+    }
+  }
+  for (int p = T::kCachedPasses; p < passes; ++p) {
+    store(transform(load(p)), p, scale);
+  }
+}
+
+}  // namespace flash3::sm90::fp8
+
+namespace flash3::detail {
+namespace {
+
+sm90::fp8::QuantizeArgs quantize_args(const QuantizeParams& p) {
+  sm90::fp8::QuantizeArgs args{};
+  args.x = static_cast<const uint16_t*>(p.x);
+  args.x_fp8 = static_cast<uint8_t*>(p.x_fp8);
+  args.descale = p.descale;
+  args.x_stride = p.x_stride;
+  args.x_fp8_stride = p.x_fp8_stride;
+  args.seqlen = p.seqlen;
+  args.heads = p.heads;
+  args.block_rows = p.block_rows;
+  args.blocks_per_head = p.blocks_per_head;
+  // The reference's expression (ref::walsh_hadamard), evaluated on the host.
+  args.norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)));
+  for (int j = 0; p.hadamard && j < p.headdim; ++j) {
+    if (incoherent::hadamard_sign(p.seed, j) < 0) {
+      args.sign_bits[j / sm90::fp8::kBitsPerWord] |= 1u << (j % sm90::fp8::kBitsPerWord);
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
+template <DType kDType, int kHeadDim, bool kHadamard>
+Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
+  using T = sm90::fp8::QuantizeTraits<kHeadDim>;
+  sm90::fp8::quantize_kernel<kDType, kHeadDim, kHadamard>
+      <<<static_cast<unsigned>(p.num_blocks), T::kThreads, 0, stream>>>(quantize_args(p));
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return {StatusCode::kCudaError, std::string(kQuantizeCall) + ": launch failed: " +
+                                        cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+  }
+  return {};
+}
+
+#define FLASH3_QUANTIZE_INSTANCES(DTYPE, HEADDIM)                                           \
+  template Status launch_quantize_sm90<DType::DTYPE, HEADDIM, false>(const QuantizeParams&, \
+                                                                     cudaStream_t);         \
+  template Status launch_quantize_sm90<DType::DTYPE, HEADDIM, true>(const QuantizeParams&,  \
+                                                                    cudaStream_t);
+
+FLASH3_QUANTIZE_INSTANCES(kFloat16, 64)
+FLASH3_QUANTIZE_INSTANCES(kFloat16, 128)
+FLASH3_QUANTIZE_INSTANCES(kFloat16, 256)
+FLASH3_QUANTIZE_INSTANCES(kBFloat16, 64)
+FLASH3_QUANTIZE_INSTANCES(kBFloat16, 128)
+FLASH3_QUANTIZE_INSTANCES(kBFloat16, 256)
+
+#undef FLASH3_QUANTIZE_INSTANCES
+
+}  // namespace flash3::detail

@@ -1,0 +1,247 @@
+// One row of the quantization kernel as 8 lanes hold it: load, the
+// randomized Hadamard transform, |max|, encode to e4m3. Every float operation
+// is the CPU reference's (reference/fp8.cpp), in its order and rounding, so
+// the codes and scales match it bit for bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "flash3/flash3.hpp"
+
+namespace flash3::sm90::fp8 {
+
+inline constexpr unsigned kFullWarp = 0xFFFFFFFFu;
+inline constexpr int kWarpSize = 32;
+inline constexpr float kE4m3Max = 448.0f;  // the largest finite e4m3 value (ref::kE4m3Max)
+inline constexpr float kUnitScale = 1.0f;  // the scale of an all-zero block
+inline constexpr int kMaxHeadDim = 256;
+inline constexpr int kBitsPerWord = 32;
+inline constexpr int kHalfBits = 16;
+
+// How one CTA spreads a block of rows over its threads.
+//
+// A row is spread over kLanesPerRow lanes in 16-byte chunks of kChunkElems
+// elements: lane l holds chunks l, l + 8, l + 16, ... So element j of the row
+// sits in lane (j / 8) % 8, chunk slot j / 64, position j % 8, and
+//  - every load instruction reads 128 contiguous bytes of each row;
+//  - the butterflies of h = 1, 2, 4 (position bits) and h = 64, 128 (slot
+//    bits) stay inside a lane; only h = 8, 16, 32 cross lanes, 3 shuffles per
+//    element at every head dim (d/32 consecutive elements per lane would
+//    take 5, about as many as the SM's shuffle rate allows at HBM speed).
+template <int kHeadDim>
+struct QuantizeTraits {
+  static constexpr int kWarps = 16;
+  static constexpr int kThreads = kWarps * kWarpSize;
+  static constexpr int kLanesPerRow = 8;
+  static constexpr int kChunkElems = 8;  // 16 bytes of fp16/bf16 in, 8 bytes of e4m3 out
+  static constexpr int kChunks = kHeadDim / (kLanesPerRow * kChunkElems);  // per lane: 1, 2, 4
+  static constexpr int kChunkWords = kChunkElems / 2;                      // 32-bit words in
+  static constexpr int kRowsPerPass = kThreads / kLanesPerRow;             // 64 rows side by side
+  // Passes whose rows stay in registers from the amax pass to the encode
+  // pass: the default block of 128 rows is read once; rows past that are
+  // read again (from L2, most likely).
+  static constexpr int kCachedPasses = 2;
+  // At head dim 256 the cached rows alone take 64 registers a thread, more
+  // than two CTAs of 512 threads leave; below it two CTAs share an SM, so
+  // one's loads overlap the other's arithmetic.
+  static constexpr int kMinBlocksPerSm = kHeadDim == kMaxHeadDim ? 1 : 2;
+
+  static_assert(kChunks >= 1 && kChunks * kLanesPerRow * kChunkElems == kHeadDim,
+                "head dim must be a multiple of 64");
+  static_assert(kHeadDim <= kMaxHeadDim, "the sign table holds kMaxHeadDim columns");
+};
+
+// The elements of one row that one lane holds, as floats: v[c][e] is element
+// (c * kLanesPerRow + lane_in_row) * kChunkElems + e.
+template <int kHeadDim>
+struct RowFragment {
+  using T = QuantizeTraits<kHeadDim>;
+  float v[T::kChunks][T::kChunkElems];
+};
+
+// The raw 16-bit elements of a fragment, one 16-byte chunk per slot.
+template <int kHeadDim>
+struct RawFragment {
+  uint4 chunk[QuantizeTraits<kHeadDim>::kChunks];
+};
+
+// The XOR masks that flip the sign bit of each raw element whose Hadamard
+// sign is -1 (exact negation, as the reference's multiplication by -1): one
+// 32-bit word, two elements, per entry, shared by the CTA. Filled from the
+// column sign bits (bit j set where column j's sign is -1); the CTA
+// synchronises before the first flip_signs.
+template <int kHeadDim>
+__device__ void fill_sign_masks(const uint32_t* sign_bits, uint32_t* masks) {
+  constexpr uint32_t kLowSign = 0x8000u;  // sign bit of the low 16-bit element
+  const int word = threadIdx.x;           // elements 2 word and 2 word + 1
+  static_assert(kHeadDim / 2 <= QuantizeTraits<kHeadDim>::kThreads, "one word per thread");
+  if (word < kHeadDim / 2) {
+    const uint32_t pair = sign_bits[word / (kBitsPerWord / 2)] >> (2 * word % kBitsPerWord);
+    masks[word] = (pair & 1u) * kLowSign | ((pair >> 1) & 1u) * (kLowSign << kHalfBits);
+  }
+}
+
+// The lane's chunks of the row at `row` (elements), or zeros where !valid.
+template <int kHeadDim>
+__device__ RawFragment<kHeadDim> load_row(const void* row, bool valid, int lane_in_row) {
+  using T = QuantizeTraits<kHeadDim>;
+  RawFragment<kHeadDim> raw;
+  const uint4* chunks = static_cast<const uint4*>(row);
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+    raw.chunk[c] = valid ? __ldg(chunks + c * T::kLanesPerRow + lane_in_row) : uint4{};
+  }
+  return raw;
+}
+
+// Two 16-bit elements (the first in the low half) to floats, exactly.
+template <DType kDType>
+__device__ float2 to_float2(uint32_t word) {
+  if constexpr (kDType == DType::kFloat16) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&word));
+  } else {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
+  }
+}
+
+template <DType kDType, int kHeadDim>
+__device__ RowFragment<kHeadDim> to_floats(const RawFragment<kHeadDim>& raw) {
+  using T = QuantizeTraits<kHeadDim>;
+  RowFragment<kHeadDim> row;
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+    const uint32_t words[T::kChunkWords] = {raw.chunk[c].x, raw.chunk[c].y, raw.chunk[c].z,
+                                            raw.chunk[c].w};
+#pragma unroll
+    for (int w = 0; w < T::kChunkWords; ++w) {
+      const float2 pair = to_float2<kDType>(words[w]);
+      row.v[c][2 * w] = pair.x;
+      row.v[c][2 * w + 1] = pair.y;
+    }
+  }
+  return row;
+}
+
+template <int kHeadDim>
+__device__ void flip_signs(RawFragment<kHeadDim>& raw, const uint32_t* masks, int lane_in_row) {
+  using T = QuantizeTraits<kHeadDim>;
+  const uint4* chunk_masks = reinterpret_cast<const uint4*>(masks);
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+    const uint4 m = chunk_masks[c * T::kLanesPerRow + lane_in_row];
+    raw.chunk[c].x ^= m.x;
+    raw.chunk[c].y ^= m.y;
+    raw.chunk[c].z ^= m.z;
+    raw.chunk[c].w ^= m.w;
+  }
+}
+
+// (a, b) -> (a + b, a - b), rounded to float.
+__device__ inline void butterfly(float& a, float& b) {
+  const float sum = __fadd_rn(a, b);
+  b = __fsub_rn(a, b);
+  a = sum;
+}
+
+// row <- row H_d / sqrt(d) as ref::walsh_hadamard: butterflies over the
+// pairs (j, j + h) for h = 1, 2, 4, ..., d / 2 in that order, then every
+// element times `norm` = float(1 / sqrt(d)).
+template <int kHeadDim>
+__device__ void walsh_hadamard(RowFragment<kHeadDim>& row, int lane_in_row, float norm) {
+  using T = QuantizeTraits<kHeadDim>;
+  // h = 1, 2, 4: positions e and e + h of a chunk.
+#pragma unroll
+  for (int h = 1; h < T::kChunkElems; h *= 2) {
+#pragma unroll
+    for (int c = 0; c < T::kChunks; ++c) {
+#pragma unroll
+      for (int e = 0; e < T::kChunkElems; ++e) {
+        if ((e & h) == 0) {
+          butterfly(row.v[c][e], row.v[c][e + h]);
+        }
+      }
+    }
+  }
+  // h = 8, 16, 32: the same slot of lanes lane_in_row and lane_in_row ^ m.
+  // The lower lane holds a and computes a + b; the upper holds b and
+  // computes fma(b, -1, a) = a - b (the product is exact: one rounding).
+#pragma unroll
+  for (int m = 1; m < T::kLanesPerRow; m *= 2) {
+    const float flip = (lane_in_row & m) != 0 ? -1.0f : 1.0f;
+#pragma unroll
+    for (int c = 0; c < T::kChunks; ++c) {
+#pragma unroll
+      for (int e = 0; e < T::kChunkElems; ++e) {
+        const float other = __shfl_xor_sync(kFullWarp, row.v[c][e], m);
+        row.v[c][e] = __fmaf_rn(row.v[c][e], flip, other);
+      }
+    }
+  }
+  // h = 64, 128: slots c and c + s of a lane.
+#pragma unroll
+  for (int s = 1; s < T::kChunks; s *= 2) {
+#pragma unroll
+    for (int c = 0; c < T::kChunks; ++c) {
+#pragma unroll
+      for (int e = 0; e < T::kChunkElems; ++e) {
+        if ((c & s) == 0) {
+          butterfly(row.v[c][e], row.v[c + s][e]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+#pragma unroll
+    for (int e = 0; e < T::kChunkElems; ++e) {
+      row.v[c][e] = __fmul_rn(row.v[c][e], norm);
+    }
+  }
+}
+
+// amax = max(amax, |x|) over the fragment; NaN is passed over, as std::max
+// with amax first does.
+template <int kHeadDim>
+__device__ float fragment_amax(const RowFragment<kHeadDim>& row, float amax) {
+#pragma unroll
+  for (int c = 0; c < QuantizeTraits<kHeadDim>::kChunks; ++c) {
+#pragma unroll
+    for (int e = 0; e < QuantizeTraits<kHeadDim>::kChunkElems; ++e) {
+      amax = fmaxf(amax, fabsf(row.v[c][e]));
+    }
+  }
+  return amax;
+}
+
+// Two codes, the first in the low byte: round to nearest even, saturate at
+// +-448, NaN to 0x7F (cvt.rn.satfinite.e4m3x2.f32; __nv_cvt_float2_to_fp8x2
+// puts .x in the low byte).
+__device__ inline uint32_t encode_pair(float first, float second, float scale) {
+  const float2 pair = make_float2(__fdiv_rn(first, scale), __fdiv_rn(second, scale));
+  return __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
+}
+
+// code = e4m3(x / scale) for the lane's elements, stored in the row at
+// `out_row` (e4m3 bytes) where valid.
+template <int kHeadDim>
+__device__ void store_codes(const RowFragment<kHeadDim>& row, float scale, void* out_row,
+                            bool valid, int lane_in_row) {
+  using T = QuantizeTraits<kHeadDim>;
+  uint2* chunks = static_cast<uint2*>(out_row);
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+    const float* v = row.v[c];
+    const uint2 codes = {
+        encode_pair(v[0], v[1], scale) | encode_pair(v[2], v[3], scale) << kHalfBits,
+        encode_pair(v[4], v[5], scale) | encode_pair(v[6], v[7], scale) << kHalfBits};
+    if (valid) {
+      chunks[c * T::kLanesPerRow + lane_in_row] = codes;
+    }
+  }
+}
+
+}  // namespace flash3::sm90::fp8

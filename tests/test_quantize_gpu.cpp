@@ -1,0 +1,111 @@
+// The FP8 quantization kernel against flash3::ref::quantize_e4m3, on a
+// Hopper GPU: every code and every scale must be bitwise the reference's.
+// Every test skips, saying why, where there is no such GPU.
+#include <cstdint>
+#include <string>
+#include <tuple>
+
+#include <gtest/gtest.h>
+
+#include "hopper_test.hpp"
+#include "quantize_case.hpp"
+#include "test_support.hpp"
+
+namespace flash3::test {
+namespace {
+
+constexpr int kHeadDims[] = {64, 128, 256};
+
+struct Shape {
+  int batch, seqlen, heads, block_rows;
+  uint64_t seed;
+  bool strided;
+};
+
+// Single rows, ragged tails, blocks that are not a multiple of the 64 rows a
+// CTA pass covers, blocks longer than the rows kept in registers (read twice).
+constexpr Shape kShapes[] = {
+    {2, 1, 3, 128, 0, false},      // one row per head
+    {2, 17, 2, 64, 1, false},      // one partial block
+    {1, 1013, 4, 100, 2, false},   // 11 blocks, a 13-row tail
+    {1, 4097, 2, 128, 3, false},   // 33 blocks, a 1-row tail
+    {2, 300, 3, 128, 4, true},     // x in packed qkv, x_fp8 padded
+    {1, 1000, 2, 500, 5, false},   // rows past the register cache
+    {1, 4097, 1, 4096, 6, false},  // 64 passes in one CTA, then a 1-row block
+    {3, 65, 2, 1, 7, false},       // a scale per row
+};
+
+using SweepParam = std::tuple<DType, int, bool>;  // dtype, headdim, hadamard
+
+class QuantizeSweep : public HopperTest, public ::testing::WithParamInterface<SweepParam> {};
+
+TEST_P(QuantizeSweep, MatchesTheReferenceBitwise) {
+  const auto& [dtype, headdim, hadamard] = GetParam();
+  for (const Shape& s : kShapes) {
+    const QuantizeCase c{dtype,        headdim,  s.batch, s.seqlen, s.heads,
+                         s.block_rows, hadamard, s.seed,  s.strided};
+    SCOPED_TRACE(c.name());
+    expect_quantize_matches_reference(c);
+  }
+}
+
+std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
+  const auto& [dtype, headdim, hadamard] = info.param;
+  return kernel_label(dtype, headdim) + (hadamard ? "_hadamard" : "_plain");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, QuantizeSweep,
+                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::ValuesIn(kHeadDims), ::testing::Bool()),
+                         sweep_name);
+
+// Other seeds give other signs, and the kernel follows them.
+class QuantizeSeeds : public HopperTest {};
+
+TEST_F(QuantizeSeeds, SignsFollowTheSeed) {
+  for (const uint64_t seed : {uint64_t{1}, uint64_t{0x5EED}, ~uint64_t{0}}) {
+    const QuantizeCase c{DType::kBFloat16, 128, 2, 129, 2, 128, true, seed, false};
+    SCOPED_TRACE(c.name());
+    expect_quantize_matches_reference(c);
+  }
+}
+
+// Small cases for compute-sanitizer: --gtest_filter='SanitizeQuantize*'.
+class SanitizeQuantize : public HopperTest {};
+
+TEST_F(SanitizeQuantize, Bf16D128HadamardStrided) {
+  expect_quantize_matches_reference({DType::kBFloat16, 128, 2, 113, 2, 64, true, 3, true});
+}
+
+TEST_F(SanitizeQuantize, Fp16D256Block100) {
+  expect_quantize_matches_reference({DType::kFloat16, 256, 1, 201, 2, 100, false, 0, false});
+}
+
+const QuantizeCase kProbe{DType::kBFloat16, 128, 2, 300, 2, 128, true, 1, false};
+
+class QuantizeDeviceChecks : public HopperTest {};
+
+TEST_F(QuantizeDeviceChecks, RefusesHostPointers) {
+  const QuantizeProblem problem(kProbe, random_quantize_input(kProbe));
+  PoisonedBuffer host(kProbe.num_scales() * sizeof(float));
+  const Status s = flash3::quantize_fp8(problem.x(), problem.x_fp8(),
+                                        reinterpret_cast<float*>(host.data()), kProbe.options());
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "descale is not device memory", s.message);
+  EXPECT_TRUE(host.untouched());
+}
+
+class QuantizeCAbi : public HopperTest {};
+
+TEST_F(QuantizeCAbi, SuccessClearsTheLastError) {
+  const QuantizeProblem problem(kProbe, random_quantize_input(kProbe));
+  ASSERT_EQ(flash3_quantize_fp8(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  const flash3_quantize_args args = problem.c_args();
+  ASSERT_EQ(flash3_quantize_fp8(&args, nullptr), FLASH3_OK) << flash3_last_error();
+  EXPECT_STREQ(flash3_last_error(), "");
+  check_cuda(cudaDeviceSynchronize(), "the quantization kernel");
+  problem.expect_matches_reference();
+}
+
+}  // namespace
+}  // namespace flash3::test
