@@ -10,8 +10,6 @@
 
 namespace flash3::detail {
 
-enum class TmaSwizzle { k128B };
-
 struct TensorMapShape {
   const void* data;
   DType dtype;

@@ -64,7 +64,6 @@ template <DType kDType, int kHeadDim, bool kCausal>
 struct Traits {
   using Config = TileConfig<kHeadDim, kCausal>;
   using Element = typename ElementOf<kDType>::type;
-  static constexpr DType kDataType = kDType;
   static constexpr int kHeadDimV = kHeadDim;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
