@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <initializer_list>
 #include <sstream>
 
@@ -62,9 +63,20 @@ Status check_each_pointer(const char* call, int device, std::initializer_list<Na
   return Status{};
 }
 
+// SM counts of the Hopper devices seen so far (0: not yet queried), so that a
+// call costs one cudaGetDevice instead of five runtime queries.
+constexpr int kMaxCachedDevices = 64;
+std::atomic<int> g_hopper_sms[kMaxCachedDevices];
+
 Status current_hopper(const char* call, CurrentDevice* current) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess && device >= 0 && device < kMaxCachedDevices) {
+    if (const int sms = g_hopper_sms[device].load(std::memory_order_relaxed); sms > 0) {
+      *current = CurrentDevice{device, sms};
+      return Status{};
+    }
+  }
   if (err == cudaSuccess) {
     int count = 0;
     err = cudaGetDeviceCount(&count);
@@ -92,6 +104,9 @@ Status current_hopper(const char* call, CurrentDevice* current) {
     os << call << ": device " << device << " has compute capability " << major << "." << minor
        << "; flash3's kernels need a Hopper GPU (sm_90: H100, H200)";
     return Status{StatusCode::kNoDevice, os.str()};
+  }
+  if (device >= 0 && device < kMaxCachedDevices) {
+    g_hopper_sms[device].store(sms, std::memory_order_relaxed);
   }
   *current = CurrentDevice{device, sms};
   return Status{};

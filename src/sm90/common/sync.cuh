@@ -36,6 +36,7 @@ enum class NamedBarrier : uint32_t {
   kEpilogueConsumer2 = 3,
   kSchedulerConsumer0 = 4,  // ping-pong: consumer warpgroup 0 may issue its GEMMs
   kSchedulerConsumer1 = 5,
+  kSchedulerConsumer2 = 6,
 };
 
 __device__ inline void named_barrier_sync(NamedBarrier id, uint32_t num_threads) {

@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     registers_release<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
       int iter = 0;
-      for (int i = scheduler.first(); scheduler.valid(i); i = scheduler.next(i), ++iter) {
+      for (int i = scheduler.first<kCausal>(); scheduler.valid(i); i = scheduler.next<kCausal>(i), ++iter) {
         const Tile tile = scheduler.tile<kCausal>(i);
         mainloop.load(tile, mask.n_block_end(tile.m_block), pipe, iter);
       }
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     const int consumer = warpgroup - 1;
     mainloop.start_turns(consumer);
     int iter = 0;
-    for (int i = scheduler.first(); scheduler.valid(i); i = scheduler.next(i), ++iter) {
+    for (int i = scheduler.first<kCausal>(); scheduler.valid(i); i = scheduler.next<kCausal>(i), ++iter) {
       const Tile tile = scheduler.tile<kCausal>(i);
       float o[T::kOAccRegs];
 #pragma unroll

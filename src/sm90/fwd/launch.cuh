@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <string>
 
@@ -12,6 +13,23 @@
 #include "sm90/common/tensor_map.hpp"
 
 namespace flash3::detail {
+
+// cudaFuncSetAttribute once per (kernel, device): it costs microseconds, and
+// the attribute stays set for the context's lifetime.
+template <class Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, int smem_bytes, int device) {
+  static std::atomic<unsigned long long> done_on_devices{0};
+  const unsigned long long bit = device >= 0 && device < 64 ? 1ull << device : 0;
+  if (bit != 0 && (done_on_devices.load(std::memory_order_relaxed) & bit) != 0) {
+    return cudaSuccess;
+  }
+  cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess) {
+    done_on_devices.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return err;
+}
 
 // One (dtype, head dim, causal) variant.
 template <DType kDType, int kHeadDim, bool kCausal>
@@ -49,16 +67,14 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
                 ") = " + std::to_string(tiles) + " tiles exceeds 2^31-1"};
   }
   args.num_tiles = static_cast<int>(tiles);
-  // Non-causal tiles all cost the same: one persistent CTA per SM walks them
-  // (H200, bf16 seqlen 512: d64 284 -> 308 TFLOP/s). Causal tiles differ up
-  // to seqlen/kBlockN-fold, and the static stride left SMs idle (d128 16k:
-  // 677 -> 432), so causal launches one CTA per tile and lets the hardware
-  // block scheduler balance them until a dynamic scheduler lands.
-  const long long ctas = kCausal ? tiles : std::min<long long>(tiles, p.num_sms);
+  // Persistent: at most one CTA per SM, each walking its share of the tiles
+  // (scheduler.cuh); causal CTAs take tiles in pairs.
+  constexpr int kTilesPerStep = sm90::fwd::TileScheduler::kTilesPerStep<kCausal>;
+  const long long ctas = std::min<long long>((tiles + kTilesPerStep - 1) / kTilesPerStep,
+                                             p.num_sms);
   const unsigned grid = static_cast<unsigned>(ctas);
   auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
-  cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes, p.device);
   if (err == cudaSuccess) {
     kernel<<<grid, T::kThreads, kSmemBytes, stream>>>(args);
     err = cudaGetLastError();

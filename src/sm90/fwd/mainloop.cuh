@@ -130,27 +130,31 @@ struct Mainloop {
     fence_operands(o);
   }
 
-  // Ping-pong between the two consumer warpgroups: a warpgroup issues its
-  // GEMMs only in its turn and then hands the turn over, so one warpgroup's
-  // softmax runs while the other's GEMMs keep the tensor cores busy.
+  // Ping-pong between the consumer warpgroups: a warpgroup issues its GEMMs
+  // only in its turn and then hands the turn to the next one (0, 1, .., 0),
+  // so one warpgroup's softmax runs while the others' GEMMs keep the tensor
+  // cores busy. Each turn barrier joins the waiting warpgroup and the one
+  // passing the turn.
+  static constexpr uint32_t kTurnThreads = 2 * T::kWarpgroupThreads;
+
+  __device__ static NamedBarrier turn_barrier(int warpgroup) {
+    return static_cast<NamedBarrier>(static_cast<uint32_t>(NamedBarrier::kSchedulerConsumer0) +
+                                     warpgroup);
+  }
   __device__ static void wait_for_turn(int warpgroup) {
     if constexpr (T::kPingPong) {
-      named_barrier_sync(scheduler_barrier(warpgroup), T::kConsumerThreads);
+      named_barrier_sync(turn_barrier(warpgroup), kTurnThreads);
     }
   }
   __device__ static void pass_turn(int warpgroup) {
     if constexpr (T::kPingPong) {
-      named_barrier_arrive(scheduler_barrier(1 - warpgroup), T::kConsumerThreads);
+      named_barrier_arrive(turn_barrier((warpgroup + 1) % T::kConsumerWarpgroups), kTurnThreads);
     }
   }
-  __device__ static NamedBarrier scheduler_barrier(int warpgroup) {
-    return static_cast<NamedBarrier>(static_cast<uint32_t>(NamedBarrier::kSchedulerConsumer0) +
-                                     warpgroup);
-  }
-  // Consumer 0 moves first: consumer 1 pre-arrives on consumer 0's turn.
-  // Once per kernel: the turns then alternate across all of the CTA's tiles.
+  // Consumer 0 moves first: the last consumer pre-arrives on consumer 0's
+  // turn. Once per kernel: the turns then rotate across all of the CTA's tiles.
   __device__ static void start_turns(int warpgroup) {
-    if (warpgroup == 1) {
+    if (warpgroup == T::kConsumerWarpgroups - 1) {
       pass_turn(warpgroup);
     }
   }

@@ -1,9 +1,14 @@
-// Which output tiles a CTA computes. The grid is persistent (one CTA per SM)
-// and each CTA walks the tile sequence with a stride of gridDim.x. The
-// sequence keeps all query blocks of one (batch, head) together, so the CTAs
-// running at the same time share that head's K and V in L2; for causal
-// attention each head's query blocks come longest first (the last blocks
-// see the most keys), which spreads long and short tiles over the CTAs.
+// Which output tiles a CTA computes. The grid is persistent (at most one CTA
+// per SM). The tile sequence keeps all query blocks of one (batch, head)
+// together, so the CTAs running at the same time share that head's K and V
+// in L2.
+//
+// Non-causal tiles all cost the same, and CTA c takes tiles c, c + G, ...
+// (G = gridDim.x). Causal tiles cost in proportion to m_block + 1, so each
+// head's blocks are ordered longest, shortest, second longest, second
+// shortest, ... and CTAs take them in pairs (2c, 2c + 1), (2c + 2G, ...):
+// every pair costs about the same, which keeps the CTAs both balanced and in
+// step, and so on the same heads' K and V.
 #pragma once
 
 namespace flash3::sm90::fwd {
@@ -19,8 +24,20 @@ struct TileScheduler {
   int heads;
   int num_tiles;
 
-  __device__ int first() const { return static_cast<int>(blockIdx.x); }
-  __device__ int next(int index) const { return index + static_cast<int>(gridDim.x); }
+  // Tiles per scheduling step of one CTA.
+  template <bool kCausal>
+  static constexpr int kTilesPerStep = kCausal ? 2 : 1;
+
+  template <bool kCausal>
+  __device__ int first() const {
+    return kTilesPerStep<kCausal> * static_cast<int>(blockIdx.x);
+  }
+  template <bool kCausal>
+  __device__ int next(int index) const {
+    constexpr int kStep = kTilesPerStep<kCausal>;
+    return index % kStep != kStep - 1 ? index + 1
+                                       : index + 1 + (static_cast<int>(gridDim.x) - 1) * kStep;
+  }
   __device__ bool valid(int index) const { return index < num_tiles; }
 
   template <bool kCausal>
@@ -28,7 +45,7 @@ struct TileScheduler {
     const int m = index % num_m_blocks;
     const int head_batch = index / num_m_blocks;
     Tile t;
-    t.m_block = kCausal ? num_m_blocks - 1 - m : m;
+    t.m_block = !kCausal ? m : (m % 2 == 0 ? num_m_blocks - 1 - m / 2 : m / 2);
     t.head = head_batch % heads;
     t.batch = head_batch / heads;
     return t;

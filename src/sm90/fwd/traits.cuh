@@ -19,8 +19,10 @@ struct TileConfig;
 // Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D.
 template <bool kCausal>
 struct TileConfig<64, kCausal> {
-  // 16 KB Q + 6 x 16 KB K/V: small tiles, so a deeper ring is free.
-  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 3;
+  // O is only 32 registers, so three consumer warpgroups (192 query rows)
+  // share each K/V tile, and the turns rotate over three; 24 KB Q + 6 x 16 KB
+  // K/V, so a deeper ring is free.
+  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 3;
 };
 template <bool kCausal>
 struct TileConfig<128, kCausal> {
@@ -80,23 +82,25 @@ struct Traits {
   static constexpr int kThreads = kWarpgroupThreads + kConsumerThreads;
 
   // setmaxnreg budgets: 65536 registers per SM, one CTA per SM; the producer
-  // needs only addresses, the consumers hold S, P and O.
+  // needs only addresses, the consumers hold S, P and O and share the rest
+  // (240 each for two consumer warpgroups, 160 for three; multiples of 8).
   static constexpr int kRegistersPerSm = 65536;
   static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
-  static_assert(kConsumerWarpgroups == 2, "register budgets are set for 2 consumer warpgroups");
-  static_assert(kProducerRegisters * kWarpgroupThreads +
-                    kConsumerRegisters * kConsumerThreads <= kRegistersPerSm,
-                "register budget exceeds the SM");
+  static constexpr int kConsumerRegisters =
+      (kRegistersPerSm - kProducerRegisters * kWarpgroupThreads) / kConsumerThreads / 8 * 8;
+  static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3,
+                "one producer plus two or three consumer warpgroups");
   // At launch every thread holds kLaunchRegisters (ptxas takes the whole
   // __launch_bounds__ share when setmaxnreg is used); setmaxnreg.inc blocks
   // until the producer's release covers the consumers' growth, so a release
-  // that falls short hangs the kernel (seen on the H200 with a producer at 32:
-  // it frees 136 x 128 registers, the consumers ask for 72 x 256).
+  // that falls short hangs the kernel (seen on the H200 with a producer at 32).
   static constexpr int kLaunchRegisters = kRegistersPerSm / kThreads / 8 * 8;
   static_assert((kLaunchRegisters - kProducerRegisters) * kWarpgroupThreads >=
                     (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
                 "setmaxnreg: the producer must release what the consumers take");
+  static_assert(kProducerRegisters * kWarpgroupThreads +
+                    kConsumerRegisters * kConsumerThreads <= kRegistersPerSm,
+                "register budget exceeds the SM");
 
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols16;  // 64-column swizzle blocks
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
