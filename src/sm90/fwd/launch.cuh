@@ -15,16 +15,18 @@
 namespace flash3::detail {
 
 // cudaFuncSetAttribute once per (kernel, device): it costs microseconds, and
-// the attribute stays set for the context's lifetime.
-template <class Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, int smem_bytes, int device) {
+// the attribute stays set for the context's lifetime. The flags are per
+// kernel, so the kernel is a template argument (not its type, which all
+// forward kernels share).
+template <auto kKernel>
+cudaError_t allow_dynamic_smem(int smem_bytes, int device) {
   static std::atomic<unsigned long long> done_on_devices{0};
   const unsigned long long bit = device >= 0 && device < 64 ? 1ull << device : 0;
   if (bit != 0 && (done_on_devices.load(std::memory_order_relaxed) & bit) != 0) {
     return cudaSuccess;
   }
   cudaError_t err =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
   if (err == cudaSuccess) {
     done_on_devices.fetch_or(bit, std::memory_order_relaxed);
   }
@@ -73,8 +75,8 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const long long ctas = std::min<long long>((tiles + kTilesPerStep - 1) / kTilesPerStep,
                                              p.num_sms);
   const unsigned grid = static_cast<unsigned>(ctas);
-  auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
-  cudaError_t err = allow_dynamic_smem(kernel, kSmemBytes, p.device);
+  constexpr auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
+  cudaError_t err = allow_dynamic_smem<kernel>(kSmemBytes, p.device);
   if (err == cudaSuccess) {
     kernel<<<grid, T::kThreads, kSmemBytes, stream>>>(args);
     err = cudaGetLastError();
