@@ -29,7 +29,9 @@ enum ExitCode { kExitOk = 0, kExitCallFailed = 1, kExitUsage = 2, kExitNoHopper 
 
 const char kUsage[] =
     "usage: flash3_bench [options]\n"
-    "  --dtype bf16|fp16|all         (default all)\n"
+    "  --dtype bf16|fp16|fp8|all     (default all: bf16 and fp16; fp8 times the FP8 forward\n"
+    "                                alone on e4m3 inputs, bf16 out, and separately the\n"
+    "                                quantization of bf16 q, k, v: block 128, Hadamard on q, k)\n"
     "  --headdim LIST|all            comma-separated, from 64,128,256 (default all)\n"
     "  --causal 0|1|all              (default all)\n"
     "  --seqlen LIST|all             comma-separated (default 512,1024,2048,4096,8192,16384)\n"
@@ -55,7 +57,8 @@ struct Record {
   flash3::DType dtype;
   int headdim, causal, batch, seqlen, heads;
   double ms_median = 0, tflops = 0;
-  std::string error;  // empty when the cell ran
+  double quant_ms = 0;  // fp8: quantizing q, k, v (and V's layout) from bf16, median
+  std::string error;    // empty when the cell ran
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -103,10 +106,14 @@ Options parse_options(int argc, char** argv) {
     }
     const std::string value = argv[++i];
     if (flag == "--dtype") {
-      if (value == "bf16" || value == "fp16") {
-        o.dtypes = {value == "bf16" ? flash3::DType::kBFloat16 : flash3::DType::kFloat16};
+      if (value == "bf16") {
+        o.dtypes = {flash3::DType::kBFloat16};
+      } else if (value == "fp16") {
+        o.dtypes = {flash3::DType::kFloat16};
+      } else if (value == "fp8") {
+        o.dtypes = {flash3::DType::kFloat8E4M3};
       } else if (value != "all") {
-        usage_error("--dtype must be bf16, fp16 or all");
+        usage_error("--dtype must be bf16, fp16, fp8 or all");
       }
     } else if (flag == "--headdim") {
       o.headdims = parse_ints(flag, value, o.headdims);
@@ -231,7 +238,9 @@ flash3::Status time_median(Call call, int warmup, int iters, cudaStream_t stream
 }
 
 const char* dtype_name(flash3::DType dtype) {
-  return dtype == flash3::DType::kBFloat16 ? "bf16" : "fp16";
+  return dtype == flash3::DType::kBFloat16 ? "bf16"
+         : dtype == flash3::DType::kFloat16 ? "fp16"
+                                             : "fp8";
 }
 
 std::string json_string(const std::string& s) {
@@ -272,7 +281,11 @@ bool write_json(const std::string& path, const Options& o, const cudaDeviceProp&
                  i ? "," : "", dtype_name(r.dtype), r.headdim, r.causal ? "true" : "false",
                  r.batch, r.seqlen, r.heads);
     if (r.error.empty()) {
-      std::fprintf(f, "\"ms_median\": %.6f, \"tflops\": %.3f}", r.ms_median, r.tflops);
+      std::fprintf(f, "\"ms_median\": %.6f, \"tflops\": %.3f", r.ms_median, r.tflops);
+      if (r.dtype == flash3::DType::kFloat8E4M3) {
+        std::fprintf(f, ", \"quant_ms\": %.6f", r.quant_ms);
+      }
+      std::fprintf(f, "}");
     } else {
       std::fprintf(f, "\"ms_median\": null, \"tflops\": null, \"error\": %s}",
                    json_string(r.error).c_str());
@@ -306,6 +319,22 @@ int main(int argc, char** argv) {
       return kExitCallFailed;
     }
   }
+  // FP8: e4m3 q, k, v, V in its layout (seqlen padded to 16), the descales.
+  void *q8, *k8, *v8, *v_layout;
+  float *dq, *dk, *dv;
+  const int64_t descales = max_tokens * max_heads;
+  for (void** p : {&q8, &k8, &v8, &v_layout}) {
+    if (cudaMalloc(p, 2 * elements) != cudaSuccess) {  // >= padded V for any seqlen
+      std::fprintf(stderr, "flash3_bench: cudaMalloc of the fp8 buffers failed\n");
+      return kExitCallFailed;
+    }
+  }
+  for (float** p : {&dq, &dk, &dv}) {
+    if (cudaMalloc(p, descales * sizeof(float)) != cudaSuccess) {
+      std::fprintf(stderr, "flash3_bench: cudaMalloc of the descales failed\n");
+      return kExitCallFailed;
+    }
+  }
   if (cudaMalloc(&lse, max_tokens * max_heads * sizeof(float)) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     std::fprintf(stderr, "flash3_bench: cannot allocate the log-sum-exp or a stream\n");
@@ -320,8 +349,10 @@ int main(int argc, char** argv) {
   int exit_code = kExitOk;
   for (flash3::DType dtype : o.dtypes) {
     uint64_t seed = 0;
+    const bool fp8 = dtype == flash3::DType::kFloat8E4M3;
+    const flash3::DType in_dtype = fp8 ? flash3::DType::kBFloat16 : dtype;
     for (void* p : {q, k, v}) {
-      fill(p, dtype, elements, ++seed, stream);
+      fill(p, in_dtype, elements, ++seed, stream);
     }
     if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) {
       std::fprintf(stderr, "flash3_bench: filling the inputs failed: %s\n", cudaGetErrorString(err));
@@ -332,22 +363,58 @@ int main(int argc, char** argv) {
         for (int seqlen : o.seqlens) {
           Record r{dtype, headdim, causal, static_cast<int>(std::max<int64_t>(1, kTokens / seqlen)),
                    seqlen, static_cast<int>(kHidden / headdim)};
-          const auto tensor = [&](void* data) {
-            return flash3::Tensor::contiguous(data, dtype, r.batch, seqlen, r.heads, headdim);
+          const auto tensor = [&](void* data, flash3::DType t) {
+            return flash3::Tensor::contiguous(data, t, r.batch, seqlen, r.heads, headdim);
           };
-          const flash3::Tensor tq = tensor(q), tk = tensor(k), tv = tensor(v), to = tensor(out);
+          const flash3::Tensor tq = tensor(q, in_dtype), tk = tensor(k, in_dtype),
+                               tv = tensor(v, in_dtype), to = tensor(out, in_dtype);
           flash3::ForwardOptions options;
           options.causal = causal != 0;
-          const flash3::Status s = time_median(
-              [&] { return flash3::forward(tq, tk, tv, to, lse, options, stream); }, o.warmup,
-              o.iters, stream, &r.ms_median);
+          flash3::Status s;
+          if (!fp8) {
+            s = time_median([&] { return flash3::forward(tq, tk, tv, to, lse, options, stream); },
+                            o.warmup, o.iters, stream, &r.ms_median);
+          } else {
+            const flash3::DType e4m3 = flash3::DType::kFloat8E4M3;
+            const flash3::Tensor tq8 = tensor(q8, e4m3), tk8 = tensor(k8, e4m3),
+                                 tv8 = tensor(v8, e4m3);
+            const flash3::Fp8V tvl{v_layout, r.batch, seqlen, r.heads, headdim};
+            constexpr int kBlock = 128;
+            const flash3::QuantizeOptions qk_quant{kBlock, true, 1234};
+            const flash3::QuantizeOptions v_quant{kBlock, false, 0};
+            const flash3::Fp8Descales d{{dq, kBlock}, {dk, kBlock}, {dv, kBlock}};
+            const auto quantize = [&]() -> flash3::Status {
+              for (flash3::Status st : {flash3::quantize_fp8(tq, tq8, dq, qk_quant, stream),
+                                        flash3::quantize_fp8(tk, tk8, dk, qk_quant, stream),
+                                        flash3::quantize_fp8(tv, tv8, dv, v_quant, stream),
+                                        flash3::fp8_v_layout(tv8, tvl, stream)}) {
+                if (!st) {
+                  return st;
+                }
+              }
+              return {};
+            };
+            s = time_median(quantize, o.warmup, o.iters, stream, &r.quant_ms);
+            if (s) {
+              s = time_median(
+                  [&] {
+                    return flash3::forward_fp8(tq8, tk8, tvl, to, lse, d, options, stream);
+                  },
+                  o.warmup, o.iters, stream, &r.ms_median);
+            }
+          }
           std::printf("%-5s %5d %6d %5d %6d %5d ", dtype_name(dtype), headdim, causal, r.batch,
                       seqlen, r.heads);
           if (s) {
             const double flops = 4.0 * r.batch * r.heads * double(seqlen) * seqlen * headdim /
                                  (causal ? 2 : 1);
             r.tflops = flops / (r.ms_median * 1e-3) / 1e12;
-            std::printf("%10.4f %8.1f\n", r.ms_median, r.tflops);
+            std::printf("%10.4f %8.1f", r.ms_median, r.tflops);
+            if (fp8) {
+              std::printf("   quantize %.4f ms, end to end %.1f TFLOP/s", r.quant_ms,
+                          flops / ((r.ms_median + r.quant_ms) * 1e-3) / 1e12);
+            }
+            std::printf("\n");
           } else {
             r.error = s.message;
             exit_code = kExitCallFailed;

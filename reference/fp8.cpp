@@ -1,5 +1,7 @@
 #include "reference/fp8.hpp"
 
+#include "flash3/flash3.hpp"  // kFp8VKeyGroup, kFp8VKeyOrder
+
 #include <algorithm>
 #include <random>
 #include <stdexcept>
@@ -103,6 +105,10 @@ double dot(const float* a, const float* b, int n) {
   return total;
 }
 
+// P = exp2(score - max + 8) lies in [0, 256]: e4m3 keeps its normal range
+// (2^-6 .. 448) for probabilities down to 2^-14 instead of 2^-6.
+constexpr float kFp8ProbOffsetLog2 = 8.0f;
+
 struct Fp8Problem {
   const Shape& shape;
   const Fp8Tensor& q;
@@ -133,7 +139,7 @@ void attend_row_fp8(const Fp8Problem& p, HalfType out_type, int b, int h, int i,
   double sum = 0;
   std::vector<double> acc(s.headdim, 0.0);
   for (int j = 0; j < keys; ++j) {
-    const float prob = std::exp2(std::fma(scores[j], p.scale_log2, -max_scaled));
+    const float prob = std::exp2(std::fma(scores[j], p.scale_log2, kFp8ProbOffsetLog2 - max_scaled));
     sum += prob;
     const double weight = static_cast<double>(round_to_e4m3(prob)) * p.v.descale_at(b, j, kv_head);
     const float* v_row = &p.v_codes[row_offset(p.v.dims, b, j, kv_head)];
@@ -240,6 +246,29 @@ std::vector<float> dequantize(const Fp8Tensor& t) {
     }
   });
   return x;
+}
+
+std::vector<uint8_t> fp8_v_layout(const TensorDims& dims, const std::vector<uint8_t>& v_codes) {
+  if (v_codes.size() != dims.size()) {
+    throw std::invalid_argument("flash3::ref::fp8_v_layout: v_codes does not match dims");
+  }
+  const size_t padded = (static_cast<size_t>(dims.seqlen) + kFp8VKeyGroup - 1) / kFp8VKeyGroup *
+                        kFp8VKeyGroup;
+  std::vector<uint8_t> out(static_cast<size_t>(dims.batch) * dims.heads * dims.headdim * padded);
+  size_t at = 0;
+  for (int b = 0; b < dims.batch; ++b) {
+    for (int h = 0; h < dims.heads; ++h) {
+      for (int d = 0; d < dims.headdim; ++d) {
+        for (size_t slot = 0; slot < padded; ++slot, ++at) {
+          const size_t key = slot / kFp8VKeyGroup * kFp8VKeyGroup + kFp8VKeyOrder[slot % kFp8VKeyGroup];
+          out[at] = key < static_cast<size_t>(dims.seqlen)
+                        ? v_codes[row_offset(dims, b, static_cast<int>(key), h) + d]
+                        : 0;
+        }
+      }
+    }
+  }
+  return out;
 }
 
 std::vector<float> attention_forward_fp8(HalfType out_type, const Shape& shape, const Fp8Tensor& q,

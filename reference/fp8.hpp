@@ -147,6 +147,17 @@ Fp8Tensor quantize_e4m3(const TensorDims& dims, const std::vector<float>& x,
 // code value * descale, in the transformed basis where the transform was applied.
 std::vector<float> dequantize(const Fp8Tensor& t);
 
+// ---------------------------------------------------------------- FP8 V layout
+// v_codes (e4m3 bits, contiguous (batch, seqlen, heads, headdim)) in the FP8
+// forward's V layout (flash3::Fp8V, include/flash3/flash3.hpp): contiguous
+// [batch][heads][headdim][padded], padded = seqlen rounded up to a multiple of
+// flash3::kFp8VKeyGroup, where
+//   out[((b * heads + h) * headdim + d) * padded + slot] =
+//     v_codes at (b, key, h, d), key = slot / 16 * 16 + kFp8VKeyOrder[slot % 16],
+//     or 0 where key >= seqlen.
+// Throws std::invalid_argument when v_codes does not have dims.size() bytes.
+std::vector<uint8_t> fp8_v_layout(const TensorDims& dims, const std::vector<uint8_t>& v_codes);
+
 // ---------------------------------------------------------------- attention
 // The FP8 kernel's arithmetic on e4m3 q, k, v with their descales (a query
 // row uses its block's descale, each key and value row its own block's):

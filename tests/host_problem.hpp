@@ -1,7 +1,7 @@
-// Valid forward and quantize_fp8 calls over poisoned host buffers. Validation
-// never touches the memory behind the pointers, so the CPU suites mutate one
-// argument at a time and check that the call is refused and the buffers are
-// unchanged.
+// Valid forward, quantize_fp8, forward_fp8 and fp8_v_layout calls over
+// poisoned host buffers. Validation never touches the memory behind the
+// pointers, so the CPU suites mutate one argument at a time and check that
+// the call is refused and the buffers are unchanged.
 #pragma once
 
 #include <cstddef>
@@ -94,6 +94,83 @@ struct HostQuantizeProblem {
   bool untouched() const {
     return x_buffer.untouched() && x_fp8_buffer.untouched() && descale_buffer.untouched();
   }
+};
+
+// A valid forward_fp8 call: batch 2, seqlen_q 130, seqlen_k 200, heads_q 4,
+// heads_k 2, headdim 128; q descales in blocks of 64 rows (3 per head), k in
+// blocks of 128 (2 per head), v one per head.
+struct HostFp8Problem {
+  static constexpr int64_t kBatch = 2;
+  static constexpr int64_t kSeqlenQ = 130;
+  static constexpr int64_t kSeqlenK = 200;
+  static constexpr int64_t kHeadsQ = 4;
+  static constexpr int64_t kHeadsK = 2;
+  static constexpr int64_t kHeadDim = 128;
+  static constexpr int kQBlockRows = 64;
+  static constexpr int kKBlockRows = 128;
+  static constexpr int kVBlockRows = 256;
+  static constexpr size_t kBufferBytes = 512 * 1024;
+  static constexpr size_t kScaleBufferBytes = 4 * 1024;
+
+  HostFp8Problem() = default;
+  HostFp8Problem(const HostFp8Problem&) = delete;
+  HostFp8Problem& operator=(const HostFp8Problem&) = delete;
+
+  PoisonedBuffer q_buffer{kBufferBytes}, k_buffer{kBufferBytes}, v_buffer{kBufferBytes},
+      out_buffer{kBufferBytes}, lse_buffer{kBufferBytes}, q_scale_buffer{kScaleBufferBytes},
+      k_scale_buffer{kScaleBufferBytes}, v_scale_buffer{kScaleBufferBytes};
+
+  Tensor q = Tensor::contiguous(q_buffer.data(), DType::kFloat8E4M3, kBatch, kSeqlenQ, kHeadsQ,
+                                kHeadDim);
+  Tensor k = Tensor::contiguous(k_buffer.data(), DType::kFloat8E4M3, kBatch, kSeqlenK, kHeadsK,
+                                kHeadDim);
+  Fp8V v{v_buffer.data(), kBatch, kSeqlenK, kHeadsK, kHeadDim};
+  Tensor out =
+      Tensor::contiguous(out_buffer.data(), DType::kBFloat16, kBatch, kSeqlenQ, kHeadsQ, kHeadDim);
+  float* lse = reinterpret_cast<float*>(lse_buffer.data());
+  Fp8Descales descales{{reinterpret_cast<float*>(q_scale_buffer.data()), kQBlockRows},
+                       {reinterpret_cast<float*>(k_scale_buffer.data()), kKBlockRows},
+                       {reinterpret_cast<float*>(v_scale_buffer.data()), kVBlockRows}};
+  ForwardOptions options{true, 0.0f};
+
+  Status forward() const {
+    return flash3::forward_fp8(q, k, v, out, lse, descales, options, nullptr);
+  }
+
+  flash3_forward_fp8_args c_args() const {
+    return to_c_args(q, k, v, out, lse, descales, options);
+  }
+
+  bool untouched() const {
+    return q_buffer.untouched() && k_buffer.untouched() && v_buffer.untouched() &&
+           out_buffer.untouched() && lse_buffer.untouched() && q_scale_buffer.untouched() &&
+           k_scale_buffer.untouched() && v_scale_buffer.untouched();
+  }
+};
+
+// A valid fp8_v_layout call: batch 2, seqlen 21 (padded to 32), heads 3, headdim 64.
+struct HostFp8VLayoutProblem {
+  static constexpr int64_t kBatch = 2;
+  static constexpr int64_t kSeqlen = 21;
+  static constexpr int64_t kHeads = 3;
+  static constexpr int64_t kHeadDim = 64;
+  static constexpr size_t kBufferBytes = 64 * 1024;
+
+  HostFp8VLayoutProblem() = default;
+  HostFp8VLayoutProblem(const HostFp8VLayoutProblem&) = delete;
+  HostFp8VLayoutProblem& operator=(const HostFp8VLayoutProblem&) = delete;
+
+  PoisonedBuffer v_buffer{kBufferBytes}, v_out_buffer{kBufferBytes};
+
+  Tensor v =
+      Tensor::contiguous(v_buffer.data(), DType::kFloat8E4M3, kBatch, kSeqlen, kHeads, kHeadDim);
+  Fp8V v_out{v_out_buffer.data(), kBatch, kSeqlen, kHeads, kHeadDim};
+
+  Status layout() const { return flash3::fp8_v_layout(v, v_out, nullptr); }
+
+  flash3_fp8_v_layout_args c_args() const { return to_c_args(v, v_out); }
+
+  bool untouched() const { return v_buffer.untouched() && v_out_buffer.untouched(); }
 };
 
 }  // namespace flash3::test

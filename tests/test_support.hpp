@@ -59,6 +59,48 @@ inline flash3_quantize_args to_c_args(const Tensor& x, const Tensor& x_fp8, floa
   return args;
 }
 
+inline flash3_fp8_v to_c(const Fp8V& v) {
+  flash3_fp8_v c{};
+  c.data = v.data;
+  c.batch = v.batch;
+  c.seqlen = v.seqlen;
+  c.heads = v.heads;
+  c.headdim = v.headdim;
+  return c;
+}
+
+inline flash3_fp8_descale to_c(const Fp8Descale& d) {
+  flash3_fp8_descale c{};
+  c.data = d.data;
+  c.block_rows = d.block_rows;
+  return c;
+}
+
+inline flash3_forward_fp8_args to_c_args(const Tensor& q, const Tensor& k, const Fp8V& v,
+                                         const Tensor& out, float* softmax_lse,
+                                         const Fp8Descales& descales,
+                                         const ForwardOptions& options) {
+  flash3_forward_fp8_args args{};
+  args.q = to_c(q);
+  args.k = to_c(k);
+  args.v = to_c(v);
+  args.out = to_c(out);
+  args.softmax_lse = softmax_lse;
+  args.q_descale = to_c(descales.q);
+  args.k_descale = to_c(descales.k);
+  args.v_descale = to_c(descales.v);
+  args.softmax_scale = options.softmax_scale;
+  args.causal = options.causal ? 1 : 0;
+  return args;
+}
+
+inline flash3_fp8_v_layout_args to_c_args(const Tensor& v, const Fp8V& v_out) {
+  flash3_fp8_v_layout_args args{};
+  args.v = to_c(v);
+  args.v_out = to_c(v_out);
+  return args;
+}
+
 // Host memory, aligned as TMA wants device memory, filled with a byte pattern
 // so a test can tell whether anything wrote to it.
 class PoisonedBuffer {

@@ -88,6 +88,62 @@ typedef struct flash3_quantize_args {
  * enqueued on `stream`; codes round to nearest-even and saturate at +-448. */
 flash3_status flash3_quantize_fp8(const flash3_quantize_args* args, cudaStream_t stream);
 
+/* ---------------------------------------------------------------- FP8 forward
+ * FP8 tensor cores take both operands of P V with the reduction (key) index
+ * contiguous, so the FP8 forward reads V transposed, in this layout: e4m3
+ * bytes, contiguous [batch][heads][headdim][padded_seqlen], padded_seqlen =
+ * seqlen rounded up to a multiple of FLASH3_FP8_V_KEY_GROUP (16); within
+ * every 16 consecutive key slots, slot i holds key order[i] of that group,
+ *   order = {0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15}
+ * (flash3::kFp8VKeyOrder), and slots past seqlen hold zeros. The buffer is
+ * batch * heads * headdim * padded_seqlen bytes; flash3_fp8_v_layout writes
+ * it from an e4m3 (batch, seqlen, heads, headdim) tensor. */
+#define FLASH3_FP8_V_KEY_GROUP 16
+
+typedef struct flash3_fp8_v {
+  void* data; /* 16-byte aligned */
+  int64_t batch;
+  int64_t seqlen;
+  int64_t heads;
+  int64_t headdim;
+} flash3_fp8_v;
+
+/* One scale per block of block_rows sequence rows of one (batch, head), as
+ * flash3_quantize_fp8 writes them: float32, contiguous (batch, heads,
+ * ceil(seqlen / block_rows)); a value of the tensor is float(code) * scale.
+ * block_rows >= seqlen is one scale per head. */
+typedef struct flash3_fp8_descale {
+  const float* data;
+  int block_rows;
+} flash3_fp8_descale;
+
+typedef struct flash3_forward_fp8_args {
+  flash3_tensor q;   /* float8_e4m3 (batch, seqlen_q, heads_q, headdim 128 or 256) */
+  flash3_tensor k;   /* float8_e4m3 (batch, seqlen_k, heads_k, headdim), heads_q % heads_k == 0 */
+  flash3_fp8_v v;    /* (batch, seqlen_k, heads_k, headdim) in the layout above */
+  flash3_tensor out; /* float16 or bfloat16, shaped like q; must not overlap itself or an input */
+  float* softmax_lse; /* optional, as in flash3_forward_args */
+  /* Required. q: heads_q heads, block_rows a multiple of 64 or >= seqlen_q;
+   * k and v: heads_k heads, block_rows a multiple of 128 or >= seqlen_k. */
+  flash3_fp8_descale q_descale;
+  flash3_fp8_descale k_descale;
+  flash3_fp8_descale v_descale;
+  float softmax_scale; /* 0 means 1/sqrt(headdim) */
+  int causal;          /* as in flash3_forward_args */
+} flash3_forward_fp8_args;
+
+/* Attention forward on FP8 q, k, v with their descales, enqueued on `stream`.
+ * For incoherent processing quantize q and k with the same Hadamard seed. */
+flash3_status flash3_forward_fp8(const flash3_forward_fp8_args* args, cudaStream_t stream);
+
+typedef struct flash3_fp8_v_layout_args {
+  flash3_tensor v;     /* float8_e4m3 (batch, seqlen, heads, headdim 64, 128 or 256) */
+  flash3_fp8_v v_out;  /* same batch, seqlen, heads, headdim; must not overlap v */
+} flash3_fp8_v_layout_args;
+
+/* Writes v into v_out in the FP8 forward's V layout, enqueued on `stream`. */
+flash3_status flash3_fp8_v_layout(const flash3_fp8_v_layout_args* args, cudaStream_t stream);
+
 /* The message of the last error on this thread ("" after a success). */
 const char* flash3_last_error(void);
 

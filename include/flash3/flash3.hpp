@@ -99,6 +99,52 @@ struct QuantizeOptions {
 Status quantize_fp8(const Tensor& x, const Tensor& x_fp8, float* descale,
                     const QuantizeOptions& options = {}, cudaStream_t stream = nullptr);
 
+// ---------------------------------------------------------------- FP8 forward
+// FP8 tensor cores take both operands of P V with the reduction (key) index
+// contiguous, so the FP8 forward reads V transposed, in this layout: e4m3
+// bytes, contiguous [batch][heads][headdim][padded_seqlen()], where within
+// every 16 consecutive key slots, slot i holds key kFp8VKeyOrder[i] of that
+// group (the order in which a thread's P registers already hold the keys);
+// slots past seqlen hold zeros. fp8_v_layout() writes it from an e4m3 tensor.
+inline constexpr int kFp8VKeyGroup = 16;
+inline constexpr int kFp8VKeyOrder[kFp8VKeyGroup] = {0, 1, 8,  9,  2, 3, 10, 11,
+                                                     4, 5, 12, 13, 6, 7, 14, 15};
+struct Fp8V {
+  void* data = nullptr;
+  int64_t batch = 0;
+  int64_t seqlen = 0;
+  int64_t heads = 0;
+  int64_t headdim = 0;
+  int64_t padded_seqlen() const { return (seqlen + kFp8VKeyGroup - 1) / kFp8VKeyGroup * kFp8VKeyGroup; }
+  int64_t bytes() const { return batch * heads * headdim * padded_seqlen(); }
+};
+
+// One scale per block of block_rows sequence rows of one (batch, head), as
+// quantize_fp8 writes them: float32, contiguous (batch, heads,
+// ceil(seqlen / block_rows)); a value v of the tensor is float(code) * scale.
+// block_rows >= seqlen is one scale per head (FlashAttention-3's descales).
+struct Fp8Descale {
+  const float* data = nullptr;
+  int block_rows = 0;
+};
+struct Fp8Descales {
+  Fp8Descale q;  // heads_q heads; block_rows a multiple of 64, or >= seqlen_q
+  Fp8Descale k;  // heads_k heads; block_rows a multiple of 128, or >= seqlen_k
+  Fp8Descale v;  // heads_k heads; block_rows a multiple of 128, or >= seqlen_k
+};
+
+// Attention forward on FP8 (e4m3) q, k and v (v in the Fp8V layout), with
+// their descales; out is float16 or bfloat16 (batch, seqlen_q, heads_q,
+// headdim); head dim 128 or 256. Otherwise as forward(). For incoherent
+// processing quantize q and k with the same Hadamard seed (quantize_fp8).
+Status forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const Tensor& out,
+                   float* softmax_lse, const Fp8Descales& descales,
+                   const ForwardOptions& options = {}, cudaStream_t stream = nullptr);
+
+// Writes the e4m3 tensor v (batch, seqlen, heads, headdim; strided as Tensor
+// allows) into v_out in the Fp8V layout (same batch, seqlen, heads, headdim).
+Status fp8_v_layout(const Tensor& v, const Fp8V& v_out, cudaStream_t stream = nullptr);
+
 // "major.minor.patch"
 const char* version();
 

@@ -10,15 +10,15 @@ and a missing one raises flash3.LibraryNotFoundError saying how to build or poin
 """
 from ._lib import LibraryNotFoundError
 
-__all__ = ["flash_attn_func", "LibraryNotFoundError", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_fp8_func", "LibraryNotFoundError", "__version__"]
 
 
 def __getattr__(name):
     # Lazy, so that importing the package loads neither torch nor libflash3.so.
-    if name == "flash_attn_func":
-        from .flash_attn_interface import flash_attn_func
+    if name in ("flash_attn_func", "flash_attn_fp8_func"):
+        from . import flash_attn_interface
 
-        return flash_attn_func
+        return getattr(flash_attn_interface, name)
     if name == "__version__":
         from ._lib import version
 

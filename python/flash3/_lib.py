@@ -47,6 +47,71 @@ class ForwardArgs(ctypes.Structure):
     ]
 
 
+class Fp8V(ctypes.Structure):
+    """flash3_fp8_v: e4m3 V in the FP8 forward's layout (flash3.h)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("batch", ctypes.c_int64),
+        ("seqlen", ctypes.c_int64),
+        ("heads", ctypes.c_int64),
+        ("headdim", ctypes.c_int64),
+    ]
+
+
+class Fp8Descale(ctypes.Structure):
+    """flash3_fp8_descale."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("block_rows", ctypes.c_int)]
+
+
+class ForwardFp8Args(ctypes.Structure):
+    """flash3_forward_fp8_args."""
+
+    _fields_ = [
+        ("q", Tensor),
+        ("k", Tensor),
+        ("v", Fp8V),
+        ("out", Tensor),
+        ("softmax_lse", ctypes.POINTER(ctypes.c_float)),
+        ("q_descale", Fp8Descale),
+        ("k_descale", Fp8Descale),
+        ("v_descale", Fp8Descale),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+    ]
+
+
+class QuantizeArgs(ctypes.Structure):
+    """flash3_quantize_args."""
+
+    _fields_ = [
+        ("x", Tensor),
+        ("x_fp8", Tensor),
+        ("descale", ctypes.POINTER(ctypes.c_float)),
+        ("block_rows", ctypes.c_int),
+        ("hadamard", ctypes.c_int),
+        ("seed", ctypes.c_uint64),
+    ]
+
+
+class Fp8VLayoutArgs(ctypes.Structure):
+    """flash3_fp8_v_layout_args."""
+
+    _fields_ = [("v", Tensor), ("v_out", Fp8V)]
+
+
+FP8_V_KEY_GROUP = 16  # FLASH3_FP8_V_KEY_GROUP
+
+# The calls that take (const args*, cudaStream_t) and return flash3_status.
+_CALLS = {
+    "flash3_forward": ForwardArgs,
+    "flash3_forward_fp8": ForwardFp8Args,
+    "flash3_quantize_fp8": QuantizeArgs,
+    "flash3_fp8_v_layout": Fp8VLayoutArgs,
+}
+
+
 def _find_library():
     if LIBRARY_ENV in os.environ:
         path = Path(os.environ[LIBRARY_ENV])
@@ -70,8 +135,9 @@ def library():
         lib = ctypes.CDLL(str(path))
     except OSError as e:
         raise LibraryNotFoundError(f"flash3: cannot load {path}: {e}") from e
-    lib.flash3_forward.argtypes = [ctypes.POINTER(ForwardArgs), ctypes.c_void_p]
-    lib.flash3_forward.restype = ctypes.c_int
+    for name, args_type in _CALLS.items():
+        getattr(lib, name).argtypes = [ctypes.POINTER(args_type), ctypes.c_void_p]
+        getattr(lib, name).restype = ctypes.c_int
     for name in ("flash3_last_error", "flash3_version"):
         getattr(lib, name).argtypes = []
         getattr(lib, name).restype = ctypes.c_char_p
@@ -87,9 +153,25 @@ def version():
 _ERRORS = {ERROR_INVALID_ARGUMENT: ValueError, ERROR_UNSUPPORTED: NotImplementedError}
 
 
-def forward(args, stream):
-    """flash3_forward(&args, stream); raises with flash3_last_error() unless FLASH3_OK."""
+def _call(name, args, stream):
+    """flash3_<call>(&args, stream); raises with flash3_last_error() unless FLASH3_OK."""
     lib = library()
-    status = lib.flash3_forward(ctypes.byref(args), ctypes.c_void_p(stream))
+    status = getattr(lib, name)(ctypes.byref(args), ctypes.c_void_p(stream))
     if status != OK:
         raise _ERRORS.get(status, RuntimeError)(lib.flash3_last_error().decode())
+
+
+def forward(args, stream):
+    _call("flash3_forward", args, stream)
+
+
+def forward_fp8(args, stream):
+    _call("flash3_forward_fp8", args, stream)
+
+
+def quantize_fp8(args, stream):
+    _call("flash3_quantize_fp8", args, stream)
+
+
+def fp8_v_layout(args, stream):
+    _call("flash3_fp8_v_layout", args, stream)

@@ -7,6 +7,11 @@ other than float16/bfloat16, ...) is judged by the library, whose message is rai
     FLASH3_ERROR_UNSUPPORTED      -> NotImplementedError (a RuntimeError subclass)
     anything else                 -> RuntimeError
 Arguments that flash3 does not implement yet raise NotImplementedError naming them.
+
+FP8: flash_attn_func takes torch.float8_e4m3fn q, k, v with q_descale, k_descale and
+v_descale of shape (batch, heads_k), as FlashAttention-3 does, and returns bfloat16;
+flash_attn_fp8_func quantizes bfloat16/float16 inputs itself (block scales, randomized
+Hadamard transform) and returns the input dtype.
 """
 import ctypes
 
@@ -14,7 +19,10 @@ import torch
 
 from . import _lib
 
-__all__ = ["flash_attn_func"]
+__all__ = ["flash_attn_func", "flash_attn_fp8_func"]
+
+# The FP8 forward's tile of rows: the default block of the quantization scales.
+FP8_BLOCK_ROWS = 128
 
 _DTYPES = {
     torch.float16: _lib.DTYPE_FLOAT16,
@@ -28,9 +36,6 @@ _DTYPES = {
 # concerns the backward, and neither changes the forward's result.
 _SUPPORTED = {
     "qv": lambda x: x is None,
-    "q_descale": lambda x: x is None,
-    "k_descale": lambda x: x is None,
-    "v_descale": lambda x: x is None,
     "window_size": lambda x: tuple(x) in ((-1, -1), (None, None)),
     "attention_chunk": lambda x: x == 0,
     "softcap": lambda x: x == 0.0,
@@ -75,10 +80,80 @@ def _forward(q, k, v, softmax_scale, causal, out=None, softmax_lse=None):
     return out, softmax_lse
 
 
+def _c_float_ptr(t):
+    return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
+
+
+def _fp8_v_layout(v):
+    """V (e4m3, (batch, seqlen, heads, headdim)) in the FP8 forward's layout (flash3.h)."""
+    batch, seqlen, heads, headdim = v.shape
+    group = _lib.FP8_V_KEY_GROUP
+    padded = (seqlen + group - 1) // group * group
+    buffer = torch.empty(batch * heads * headdim * padded, dtype=torch.uint8, device=v.device)
+    layout = _lib.Fp8V(buffer.data_ptr(), batch, seqlen, heads, headdim)
+    args = _lib.Fp8VLayoutArgs(_describe("v", v, v), layout)
+    with torch.cuda.device(v.device):
+        _lib.fp8_v_layout(args, torch.cuda.current_stream(v.device).cuda_stream)
+    return layout, buffer
+
+
+def _forward_fp8(q, k, v, descales, softmax_scale, causal, out_dtype):
+    """flash3_forward_fp8 on e4m3 q, k, v; descales: three (tensor, block_rows) in the
+    library's layout (float32, (batch, heads, blocks)). Returns (out, softmax_lse)."""
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"flash3: q is float8_e4m3fn but {name}.dtype is {t.dtype}; all three must be")
+    q_c, k_c = _describe("q", q, q), _describe("k", k, q)
+    _describe("v", v, q)
+    v_layout, v_buffer = _fp8_v_layout(v)
+    batch, seqlen_q, heads, _ = q.shape
+    out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
+    softmax_lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)
+    c_descales = [_lib.Fp8Descale(t.data_ptr(), rows) for t, rows in descales]
+    args = _lib.ForwardFp8Args(
+        q_c, k_c, v_layout, _describe("out", out, q), _c_float_ptr(softmax_lse), *c_descales,
+        0.0 if softmax_scale is None else softmax_scale, int(causal),
+    )
+    with torch.cuda.device(q.device):
+        _lib.forward_fp8(args, torch.cuda.current_stream(q.device).cuda_stream)
+    del v_buffer  # the stream-ordered allocator keeps it alive until the kernel is done
+    return out, softmax_lse
+
+
+def _head_descales(q, k, q_descale, k_descale, v_descale):
+    """FlashAttention-3's per-head descales ((batch, heads_k) each) in the library's
+    layout: one block per head; q's repeated over the query heads of each kv head."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k, heads_k = k.shape[1], k.shape[2]
+    given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+    missing = [name for name, t in given.items() if t is None]
+    if missing:
+        raise ValueError(
+            f"flash3: float8_e4m3fn inputs need q_descale, k_descale and v_descale "
+            f"(float32, shape (batch, heads_k) = ({batch}, {heads_k})); missing: {', '.join(missing)}"
+        )
+    for name, t in given.items():
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != (batch, heads_k):
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"flash3: {name} must be a tensor of shape (batch, heads_k) = "
+                             f"({batch}, {heads_k}), got {shape}")
+        if t.device != q.device:
+            raise ValueError(f"flash3: {name} is on {t.device}, q on {q.device}")
+    if heads_q % heads_k != 0:
+        raise ValueError(f"flash3: heads_q = {heads_q} is not a multiple of heads_k = {heads_k}")
+    as_blocks = lambda t: t.to(torch.float32).reshape(batch, -1, 1).contiguous()
+    q_heads = q_descale.repeat_interleave(heads_q // heads_k, dim=1)
+    return [(as_blocks(q_heads), max(seqlen_q, 1)), (as_blocks(k_descale), max(seqlen_k, 1)),
+            (as_blocks(v_descale), max(seqlen_k, 1))]
+
+
 class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal):
-        out, softmax_lse = _forward(q, k, v, softmax_scale, causal)
+    def forward(ctx, q, k, v, softmax_scale, causal, descales=None):
+        if q.dtype == torch.float8_e4m3fn:
+            out, softmax_lse = _forward_fp8(q, k, v, descales, softmax_scale, causal, torch.bfloat16)
+        else:
+            out, softmax_lse = _forward(q, k, v, softmax_scale, causal)
         ctx.mark_non_differentiable(softmax_lse)
         return out, softmax_lse
 
@@ -113,6 +188,11 @@ def flash_attn_func(
     contiguous. softmax_scale defaults to 1/sqrt(headdim). causal aligns the mask to the
     bottom-right corner: query i sees keys j <= i + seqlen_k - seqlen_q.
 
+    FP8: q, k, v torch.float8_e4m3fn (head dim 128 or 256) with q_descale, k_descale
+    and v_descale, float32 (batch, heads_k): the attention of float(q) * q_descale[b, h]
+    etc.; out is bfloat16. V is copied into the layout FP8 tensor cores need (one extra
+    pass over V; flash_attn_fp8_func avoids nothing there but the conversion from torch).
+
     Returns out (like q), or (out, softmax_lse) when return_attn_probs: the natural-log
     log-sum-exp of each row of scores, float32 (batch, heads, seqlen_q), +inf for rows
     that see no key (their output is zero). Backward raises NotImplementedError.
@@ -123,5 +203,50 @@ def flash_attn_func(
         if not supported(value):
             shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
             raise NotImplementedError(f"flash3: {name}={shown} is not supported yet")
-    out, softmax_lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal)
+    descales = None
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
+        descales = _head_descales(q, k, q_descale, k_descale, v_descale)
+    elif any(t is not None for t in (q_descale, k_descale, v_descale)):
+        raise ValueError("flash3: q_descale, k_descale and v_descale are for float8_e4m3fn inputs only")
+    out, softmax_lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, descales)
     return (out, softmax_lse) if return_attn_probs else out
+
+
+def _quantize(x, block_rows, hadamard, seed):
+    """flash3_quantize_fp8: (e4m3 codes like x, float32 descales (batch, heads, blocks))."""
+    batch, seqlen, heads, _ = x.shape
+    x_fp8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    blocks = (seqlen + block_rows - 1) // block_rows
+    descale = torch.empty(batch, heads, blocks, dtype=torch.float32, device=x.device)
+    args = _lib.QuantizeArgs(
+        _describe("x", x, x), _describe("x_fp8", x_fp8, x), _c_float_ptr(descale), block_rows,
+        int(hadamard), seed,
+    )
+    with torch.cuda.device(x.device):
+        _lib.quantize_fp8(args, torch.cuda.current_stream(x.device).cuda_stream)
+    return x_fp8, descale
+
+
+def flash_attn_fp8_func(q, k, v, causal=False, softmax_scale=None, block_quant=True,
+                        incoherent=True, seed=0):
+    """Attention through the FP8 forward on bfloat16/float16 q, k, v, quantized here.
+
+    block_quant: one scale per 128 rows of each (batch, head) (the kernel's tile), else
+    one per (batch, head) (FlashAttention-3's descale granularity). incoherent: q and k
+    first get the same randomized Hadamard transform (seeded by `seed`; head dim 128 or
+    256), which leaves q k^T unchanged and spreads outliers before quantization.
+    Returns out in the input dtype (batch, seqlen_q, heads, headdim). Forward only.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.float16, torch.bfloat16):
+            shown = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"flash3: flash_attn_fp8_func takes float16 or bfloat16 {name}, got {shown}")
+        if t.dim() != 4:
+            raise ValueError(f"flash3: {name} must be 4-d (batch, seqlen, heads, headdim)")
+    rows = lambda t: FP8_BLOCK_ROWS if block_quant else max(t.shape[1], 1)
+    q8, dq = _quantize(q, rows(q), incoherent, seed)
+    k8, dk = _quantize(k, rows(k), incoherent, seed)
+    v8, dv = _quantize(v, rows(v), False, 0)
+    descales = [(dq, rows(q)), (dk, rows(k)), (dv, rows(v))]
+    out, _ = _forward_fp8(q8, k8, v8, descales, softmax_scale, causal, q.dtype)
+    return out

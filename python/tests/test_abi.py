@@ -12,6 +12,17 @@ from flash3 import _lib
 
 INCLUDE_DIR = Path(__file__).resolve().parents[2] / "include"
 
+# Every ctypes mirror of a flash3.h struct.
+STRUCTS = (
+    (_lib.Tensor, "flash3_tensor"),
+    (_lib.ForwardArgs, "flash3_forward_args"),
+    (_lib.Fp8V, "flash3_fp8_v"),
+    (_lib.Fp8Descale, "flash3_fp8_descale"),
+    (_lib.ForwardFp8Args, "flash3_forward_fp8_args"),
+    (_lib.QuantizeArgs, "flash3_quantize_args"),
+    (_lib.Fp8VLayoutArgs, "flash3_fp8_v_layout_args"),
+)
+
 
 def _c_layout(tmp_path):
     """{name: value} of sizeof, offsetof and enum values, printed by a C program built on flash3.h."""
@@ -20,8 +31,8 @@ def _c_layout(tmp_path):
         pytest.skip("no C compiler (cc)")
     # flash3.h needs only cudaStream_t from the CUDA headers: a stub keeps CUDA out of this test.
     (tmp_path / "cuda_runtime_api.h").write_text("typedef struct CUstream_st* cudaStream_t;\n")
-    lines = []
-    for struct, c_name in ((_lib.Tensor, "flash3_tensor"), (_lib.ForwardArgs, "flash3_forward_args")):
+    lines = [f'printf("FP8_V_KEY_GROUP %d\\n", (int)FLASH3_FP8_V_KEY_GROUP);']
+    for struct, c_name in STRUCTS:
         lines.append(f'printf("sizeof {c_name} %zu\\n", sizeof({c_name}));')
         for field, _ in struct._fields_:
             lines.append(f'printf("{c_name}.{field} %zu\\n", offsetof({c_name}, {field}));')
@@ -44,12 +55,13 @@ def _constant_names():
 
 def test_ctypes_mirrors_match_the_header(tmp_path):
     c = _c_layout(tmp_path)
-    for struct, c_name in ((_lib.Tensor, "flash3_tensor"), (_lib.ForwardArgs, "flash3_forward_args")):
+    for struct, c_name in STRUCTS:
         assert ctypes.sizeof(struct) == c[f"sizeof {c_name}"]
         for field, _ in struct._fields_:
             assert getattr(struct, field).offset == c[f"{c_name}.{field}"], field
     for name in _constant_names():
         assert getattr(_lib, name) == c[name], name
+    assert _lib.FP8_V_KEY_GROUP == c["FP8_V_KEY_GROUP"]
 
 
 def test_import_needs_no_library(tmp_path):

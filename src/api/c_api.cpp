@@ -22,6 +22,26 @@ flash3::Tensor to_cpp(const flash3_tensor& t) {
   return r;
 }
 
+static_assert(FLASH3_FP8_V_KEY_GROUP == flash3::kFp8VKeyGroup,
+              "flash3.h and flash3.hpp disagree on the FP8 V layout's key group");
+
+flash3::Fp8V to_cpp(const flash3_fp8_v& v) {
+  flash3::Fp8V r;
+  r.data = v.data;
+  r.batch = v.batch;
+  r.seqlen = v.seqlen;
+  r.heads = v.heads;
+  r.headdim = v.headdim;
+  return r;
+}
+
+flash3::Fp8Descale to_cpp(const flash3_fp8_descale& d) {
+  flash3::Fp8Descale r;
+  r.data = d.data;
+  r.block_rows = d.block_rows;
+  return r;
+}
+
 flash3_status finish(const flash3::Status& s) {
   g_last_error = s.message;
   return static_cast<flash3_status>(s.code);
@@ -52,6 +72,29 @@ flash3_status flash3_quantize_fp8(const flash3_quantize_args* args, cudaStream_t
   options.seed = args->seed;
   return finish(flash3::quantize_fp8(to_cpp(args->x), to_cpp(args->x_fp8), args->descale,
                                      options, stream));
+}
+
+flash3_status flash3_forward_fp8(const flash3_forward_fp8_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_forward_fp8: args is null"});
+  }
+  flash3::Fp8Descales descales;
+  descales.q = to_cpp(args->q_descale);
+  descales.k = to_cpp(args->k_descale);
+  descales.v = to_cpp(args->v_descale);
+  flash3::ForwardOptions options;
+  options.causal = args->causal != 0;
+  options.softmax_scale = args->softmax_scale;
+  return finish(flash3::forward_fp8(to_cpp(args->q), to_cpp(args->k), to_cpp(args->v),
+                                    to_cpp(args->out), args->softmax_lse, descales, options,
+                                    stream));
+}
+
+flash3_status flash3_fp8_v_layout(const flash3_fp8_v_layout_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_fp8_v_layout: args is null"});
+  }
+  return finish(flash3::fp8_v_layout(to_cpp(args->v), to_cpp(args->v_out), stream));
 }
 
 const char* flash3_last_error(void) { return g_last_error.c_str(); }

@@ -116,11 +116,21 @@ Status current_hopper(const char* call, CurrentDevice* current) {
 
 Status check_device(ForwardParams* params) {
   CurrentDevice current;
-  if (Status s = current_hopper(kForwardCall, &current); !s.ok()) {
+  const char* call = params->dtype == DType::kFloat8E4M3 ? kForwardFp8Call : kForwardCall;
+  if (Status s = current_hopper(call, &current); !s.ok()) {
     return s;
   }
   params->device = current.device;
   params->num_sms = current.num_sms;
+  return Status{};
+}
+
+Status check_device(Fp8VLayoutParams* params) {
+  CurrentDevice current;
+  if (Status s = current_hopper(kFp8VLayoutCall, &current); !s.ok()) {
+    return s;
+  }
+  params->device = current.device;
   return Status{};
 }
 
@@ -134,12 +144,21 @@ Status check_device(QuantizeParams* params) {
 }
 
 Status check_pointers(const ForwardParams& p) {
-  return check_each_pointer(kForwardCall, p.device,
+  // The descales are null (skipped) for the 16-bit forward.
+  return check_each_pointer(p.dtype == DType::kFloat8E4M3 ? kForwardFp8Call : kForwardCall,
+                            p.device,
                             {{"q.data", p.q},
                              {"k.data", p.k},
                              {"v.data", p.v},
                              {"out.data", p.out},
-                             {"softmax_lse", p.softmax_lse}});
+                             {"softmax_lse", p.softmax_lse},
+                             {"descales.q.data", p.q_descale.data},
+                             {"descales.k.data", p.k_descale.data},
+                             {"descales.v.data", p.v_descale.data}});
+}
+
+Status check_pointers(const Fp8VLayoutParams& p) {
+  return check_each_pointer(kFp8VLayoutCall, p.device, {{"v.data", p.v}, {"v_out.data", p.v_out}});
 }
 
 Status check_pointers(const QuantizeParams& p) {

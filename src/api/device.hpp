@@ -11,9 +11,11 @@ namespace flash3::detail {
 // cannot run flash3.
 Status check_device(ForwardParams* params);
 Status check_device(QuantizeParams* params);
+Status check_device(Fp8VLayoutParams* params);
 
 // Every pointer in params must be device (or managed) memory of params->device.
 Status check_pointers(const ForwardParams& params);
 Status check_pointers(const QuantizeParams& params);
+Status check_pointers(const Fp8VLayoutParams& params);
 
 }  // namespace flash3::detail

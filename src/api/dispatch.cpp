@@ -52,9 +52,39 @@ Status visit_headdim(const char* call, int headdim, const Fn& fn) {
                 std::string(call) + ": no kernel for headdim " + std::to_string(headdim)};
 }
 
+template <DType kOutDType, int kHeadDim>
+Status launch_fp8_if_built(const ForwardParams& p, cudaStream_t stream) {
+  if constexpr (kFp8KernelBuilt<kOutDType, kHeadDim>) {
+    return launch_forward_fp8_sm90<kOutDType, kHeadDim>(p, stream);
+  } else {
+    return Status{StatusCode::kUnsupported,
+                  std::string(kForwardFp8Call) + ": the fp8 -> " + dtype_name(kOutDType) +
+                      " headdim " + std::to_string(kHeadDim) +
+                      " kernel is not in this build (configure with -DFLASH3_KERNELS=all)"};
+  }
+}
+
+Status dispatch_fp8(const ForwardParams& p, cudaStream_t stream) {
+  return visit_dtype(kForwardFp8Call, p.out_dtype, [&](auto out_dtype) {
+    switch (p.headdim) {
+      case 128:
+        return launch_fp8_if_built<decltype(out_dtype)::value, 128>(p, stream);
+      case 256:
+        return launch_fp8_if_built<decltype(out_dtype)::value, 256>(p, stream);
+      default:
+        break;
+    }
+    return Status{StatusCode::kInternal, std::string(kForwardFp8Call) + ": no kernel for headdim " +
+                                             std::to_string(p.headdim)};
+  });
+}
+
 }  // namespace
 
 Status dispatch(const ForwardParams& p, cudaStream_t stream) {
+  if (p.dtype == DType::kFloat8E4M3) {
+    return dispatch_fp8(p, stream);
+  }
   return visit_dtype(kForwardCall, p.dtype, [&](auto dtype) {
     return visit_headdim(kForwardCall, p.headdim, [&](auto headdim) {
       return launch_if_built<decltype(dtype)::value, decltype(headdim)::value>(p, stream);
@@ -71,6 +101,10 @@ Status dispatch(const QuantizeParams& p, cudaStream_t stream) {
                         : launch_quantize_sm90<kDType, kHeadDim, false>(p, stream);
     });
   });
+}
+
+Status dispatch(const Fp8VLayoutParams& p, cudaStream_t stream) {
+  return launch_fp8_v_layout_sm90(p, stream);
 }
 
 }  // namespace flash3::detail

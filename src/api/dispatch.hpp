@@ -20,7 +20,16 @@ Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream);
 template <DType kDType, int kHeadDim, bool kHadamard>
 Status launch_quantize_sm90(const QuantizeParams& params, cudaStream_t stream);
 
+// FP8 forward: e4m3 q, k, v (Fp8V layout) -> kOutDType out; generated like
+// the 16-bit ones (FLASH3_KERNELS names them fp8_bf16_128, ...).
+template <DType kOutDType, int kHeadDim>
+Status launch_forward_fp8_sm90(const ForwardParams& params, cudaStream_t stream);
+
+// src/sm90/fp8/v_layout.cu.
+Status launch_fp8_v_layout_sm90(const Fp8VLayoutParams& params, cudaStream_t stream);
+
 Status dispatch(const ForwardParams& params, cudaStream_t stream);
 Status dispatch(const QuantizeParams& params, cudaStream_t stream);
+Status dispatch(const Fp8VLayoutParams& params, cudaStream_t stream);
 
 }  // namespace flash3::detail

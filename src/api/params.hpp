@@ -10,12 +10,22 @@ namespace flash3::detail {
 // The public calls, as their error messages begin.
 inline constexpr char kForwardCall[] = "flash3::forward";
 inline constexpr char kQuantizeCall[] = "flash3::quantize_fp8";
+inline constexpr char kForwardFp8Call[] = "flash3::forward_fp8";
+inline constexpr char kFp8VLayoutCall[] = "flash3::fp8_v_layout";
 
 // Element strides of a (batch, seqlen, heads, headdim) tensor, headdim contiguous.
 struct Strides3 {
   int64_t batch = 0;
   int64_t seq = 0;
   int64_t head = 0;
+};
+
+// One scale per block of rows of one (batch, head): data[(b * heads + h) *
+// blocks_per_head + row / block_rows].
+struct DescaleParams {
+  const float* data = nullptr;
+  int block_rows = 0;
+  int blocks_per_head = 0;
 };
 
 struct ForwardParams {
@@ -25,7 +35,8 @@ struct ForwardParams {
   void* out = nullptr;
   float* softmax_lse = nullptr;  // contiguous (batch, heads_q, seqlen_q), or null
 
-  DType dtype = DType::kBFloat16;
+  DType dtype = DType::kBFloat16;      // of q, k, v
+  DType out_dtype = DType::kBFloat16;  // of out: dtype, or fp16/bf16 for fp8
   int batch = 0;
   int seqlen_q = 0;
   int seqlen_k = 0;
@@ -33,6 +44,9 @@ struct ForwardParams {
   int heads_k = 0;
   int headdim = 0;
   Strides3 q_stride, k_stride, v_stride, out_stride;
+  // FP8 only: v is in the Fp8V layout (v_stride unused), and the descales.
+  int v_padded_seqlen = 0;
+  DescaleParams q_descale, k_descale, v_descale;
 
   float softmax_scale = 0.0f;  // resolved: never 0 here
   bool causal = false;
@@ -58,6 +72,20 @@ struct QuantizeParams {
   int num_blocks = 0;       // batch * heads * blocks_per_head: the number of scales
   bool hadamard = false;
   uint64_t seed = 0;
+
+  int device = 0;  // filled by the device check
+};
+
+// fp8_v_layout: v (e4m3, strided) into the Fp8V layout.
+struct Fp8VLayoutParams {
+  const void* v = nullptr;
+  void* v_out = nullptr;
+  int batch = 0;
+  int seqlen = 0;
+  int heads = 0;
+  int headdim = 0;
+  int padded_seqlen = 0;
+  Strides3 v_stride;
 
   int device = 0;  // filled by the device check
 };

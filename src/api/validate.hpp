@@ -22,6 +22,15 @@ Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const
 Status validate_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
                          const QuantizeOptions& options, QuantizeParams* params);
 
+// Checks the FP8 forward's arguments; on success fills `params` (everything
+// but the device fields; dtype kFloat8E4M3, out_dtype from out).
+Status validate_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const Tensor& out,
+                            float* softmax_lse, const Fp8Descales& descales,
+                            const ForwardOptions& options, ForwardParams* params);
+
+// Checks fp8_v_layout's arguments; on success fills `params` (but the device).
+Status validate_fp8_v_layout(const Tensor& v, const Fp8V& v_out, Fp8VLayoutParams* params);
+
 const char* dtype_name(DType dtype);
 
 }  // namespace flash3::detail

@@ -2,8 +2,8 @@
 // 128-byte-swizzled tiles that TMA writes, and calls of CuTe's MMA atoms with
 // the accumulator held in a plain register array.
 //
-// Tile layout used everywhere (16-bit elements): a tile of R rows by C
-// columns is stored as C/64 column blocks, each R rows of 128 bytes, with the
+// Tile layout used everywhere: a tile of R rows by C columns is stored as
+// column blocks of 128 bytes (64 16-bit or 128 8-bit elements), each R rows, with the
 // 16-byte chunks of row r XOR-ed by (r % 8) (TMA's SWIZZLE_128B). Tiles start
 // on 1024-byte boundaries, so the swizzle phase is the same for hardware and
 // software.
@@ -23,7 +23,8 @@ namespace gmma = cute::SM90::GMMA;
 inline constexpr int kSwizzleRowBytes = 128;                        // one swizzled row
 inline constexpr int kSwizzleAtomBytes = 8 * kSwizzleRowBytes;      // 8 rows: one XOR period
 inline constexpr int kSwizzleCols16 = kSwizzleRowBytes / 2;         // 16-bit elements per row
-inline constexpr int kMmaK16 = 16;                                  // K of one 16-bit wgmma
+inline constexpr int kMmaKBytes = 32;                               // K of one wgmma, in bytes
+inline constexpr int kMmaK16 = kMmaKBytes / 2;                      // K of one 16-bit wgmma
 inline constexpr int kMmaM = 64;                                    // M of one wgmma (a warpgroup)
 
 // Bits of the wgmma shared-memory descriptor (PTX ISA, "Matrix Descriptor").
@@ -51,13 +52,16 @@ __device__ inline uint64_t desc_mn_major(uint32_t smem_addr, uint32_t block_byte
   return make_smem_desc(smem_addr, block_bytes, kSwizzleAtomBytes);
 }
 
+// One wgmma: 64 x kN x (32 bytes of Element); 8-bit types take only K-major B.
+template <class Element>
+using MmaKShape = cute::Int<kMmaKBytes / static_cast<int>(sizeof(Element))>;
 template <class Element, int kN, gmma::Major kMajorB>
 using MmaSS = decltype(gmma::ss_op_selector<Element, Element, float,
-                                            cute::Shape<cute::_64, cute::Int<kN>, cute::_16>,
+                                            cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
                                             gmma::Major::K, kMajorB>());
 template <class Element, int kN, gmma::Major kMajorB>
 using MmaRS = decltype(gmma::rs_op_selector<Element, Element, float,
-                                            cute::Shape<cute::_64, cute::Int<kN>, cute::_16>,
+                                            cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
                                             gmma::Major::K, kMajorB>());
 
 namespace detail {

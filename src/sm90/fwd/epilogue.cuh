@@ -16,7 +16,7 @@ namespace flash3::sm90::fwd {
 
 template <class T>
 struct Epilogue {
-  using Element = typename T::Element;
+  using OutElement = typename T::OutElement;
   static constexpr int kBlockM = T::kBlockM;
   static constexpr int kHeadDim = T::kHeadDimV;
 
@@ -28,24 +28,32 @@ struct Epilogue {
            ((chunk ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
+  // o_units: what the accumulator is in units of (fp8: a V descale; else 1).
+  template <class Softmax>
   __device__ static void store(SharedStorage<T>& smem, const KernelArgs& args, const Tile& tile,
                                int warpgroup, const float (&o)[T::kOAccRegs],
-                               const OnlineSoftmax& softmax) {
-    float inv_sum[OnlineSoftmax::kRows], lse[OnlineSoftmax::kRows];
-    softmax.finish(args.softmax_scale, inv_sum, lse);
+                               const Softmax& softmax, float o_units) {
+    float inv_sum[Softmax::kRows], lse[Softmax::kRows];
+    softmax.finish(inv_sum, lse);
+    if constexpr (T::kFp8) {
+#pragma unroll
+      for (int r = 0; r < Softmax::kRows; ++r) {
+        inv_sum[r] *= o_units;
+      }
+    }
 
     const FragmentCoord c = FragmentCoord::current();
     const int tile_row0 = warpgroup * kMmaM + c.warp * 16 + c.row;  // row in the CTA tile
-    uint8_t* staging = reinterpret_cast<uint8_t*>(smem.q);
+    uint8_t* staging = smem.o();
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
-      for (int r = 0; r < OnlineSoftmax::kRows; ++r) {
+      for (int r = 0; r < Softmax::kRows; ++r) {
         const int row = tile_row0 + 8 * r;
         const float lo = o[4 * j + 2 * r] * inv_sum[r];
         const float hi = o[4 * j + 2 * r + 1] * inv_sum[r];
         *reinterpret_cast<uint32_t*>(staging + swizzled_offset(row, 8 * j + c.col)) =
-            pack2<Element>(lo, hi);
+            pack2<OutElement>(lo, hi);
       }
     }
     fence_view_async_shared();
@@ -56,7 +64,7 @@ struct Epilogue {
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
     if (leader) {
 #pragma unroll
-      for (int b = 0; b < T::kColBlocks; ++b) {
+      for (int b = 0; b < T::kOColBlocks; ++b) {
         tma_store(&args.o, staging + swizzled_offset(warpgroup * kMmaM, b * kSwizzleCols16),
                   b * kSwizzleCols16, tile.m_block * kBlockM + warpgroup * kMmaM, tile.head,
                   tile.batch);
@@ -68,7 +76,7 @@ struct Epilogue {
       const int64_t row_base =
           (static_cast<int64_t>(tile.batch) * args.heads_q + tile.head) * args.seqlen_q;
 #pragma unroll
-      for (int r = 0; r < OnlineSoftmax::kRows; ++r) {
+      for (int r = 0; r < Softmax::kRows; ++r) {
         const int row = tile.m_block * kBlockM + tile_row0 + 8 * r;
         if (row < args.seqlen_q) {
           args.lse[row_base + row] = lse[r];

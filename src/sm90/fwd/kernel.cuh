@@ -79,9 +79,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       for (int r = 0; r < T::kOAccRegs; ++r) {
         o[r] = 0.0f;
       }
-      OnlineSoftmax softmax(args.softmax_scale);
-      mainloop.compute(tile, mask.n_block_end(tile.m_block), consumer, pipe, iter, o, softmax);
-      Epilogue<T>::store(smem, args, tile, consumer, o, softmax);
+      typename Mainloop<T, kCausal>::Softmax softmax;
+      float o_units = 1.0f;  // fp8: O is in units of a V descale
+      mainloop.compute(tile, mask.n_block_end(tile.m_block), consumer, pipe, iter, o, softmax,
+                       o_units);
+      Epilogue<T>::store(smem, args, tile, consumer, o, softmax, o_units);
     }
   }
 }

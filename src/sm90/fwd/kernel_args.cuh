@@ -13,7 +13,7 @@ namespace flash3::sm90::fwd {
 struct KernelArgs {
   CUtensorMap q;  // box (64 cols, kBlockM rows)
   CUtensorMap k;  // box (64 cols, kBlockN rows)
-  CUtensorMap v;  // box (64 cols, kBlockN rows)
+  CUtensorMap v;  // box (64 cols, kBlockN rows); fp8: Fp8V, box (128 keys, kHeadDim rows)
   CUtensorMap o;  // box (64 cols, 64 rows): one consumer warpgroup's rows
   float* lse;     // (batch, heads_q, seqlen_q) or null
   int seqlen_q;
@@ -23,15 +23,36 @@ struct KernelArgs {
   int num_m_blocks;
   int num_tiles;  // num_m_blocks * heads_q * batch
   float softmax_scale;
+  // FP8 only: one scale per block of rows of one (batch, head), at
+  // descale[(batch * heads + head) * blocks + row / block_rows].
+  struct Descale {
+    const float* data;
+    int block_rows;
+    int blocks;
+  };
+  Descale q_descale, k_descale, v_descale;
+};
+
+// 16-bit O for the TMA store: in the Q tile when it is 16-bit too (each
+// consumer warpgroup reuses its own rows), else in a tile of its own.
+template <class T, bool kSeparate = T::kSeparateO>
+struct OStaging {
+  __device__ uint8_t* ptr(typename T::Element* q) { return reinterpret_cast<uint8_t*>(q); }
+};
+template <class T>
+struct OStaging<T, true> {
+  alignas(kSwizzleAtomBytes) typename T::OutElement o[T::kBlockM * T::kHeadDimV];
+  __device__ uint8_t* ptr(typename T::Element*) { return reinterpret_cast<uint8_t*>(o); }
 };
 
 template <class T>
 struct SharedStorage {
   using Element = typename T::Element;
-  // Q tile; each consumer warpgroup reuses its own rows to stage O for the TMA store.
   alignas(kSwizzleAtomBytes) Element q[T::kBlockM * T::kHeadDimV];
   alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDimV];
   alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kBlockN * T::kHeadDimV];
+  OStaging<T> o_staging;
+  __device__ uint8_t* o() { return o_staging.ptr(q); }
   Mbarrier q_full;
   Mbarrier q_empty;  // both consumer warpgroups' O stores have read the Q tile
   Mbarrier k_full[T::kStages];   // TMA landed K of a stage

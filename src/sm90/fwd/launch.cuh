@@ -33,23 +33,42 @@ cudaError_t allow_dynamic_smem(int smem_bytes, int device) {
   return err;
 }
 
-// One (dtype, head dim, causal) variant.
-template <DType kDType, int kHeadDim, bool kCausal>
+// The tensor map of V: rows of the head dim as given (16-bit), or for fp8
+// the Fp8V layout, whose rows are the head dim and columns the (padded) keys.
+template <class T>
+TensorMapShape v_map_shape(const ForwardParams& p) {
+  if constexpr (T::kFp8) {
+    const int64_t pad = p.v_padded_seqlen;
+    const Strides3 stride{static_cast<int64_t>(p.heads_k) * p.headdim * pad, pad,
+                          static_cast<int64_t>(p.headdim) * pad};
+    return {p.v, p.dtype, p.batch, p.headdim, p.heads_k, p.v_padded_seqlen, stride};
+  } else {
+    return {p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_stride};
+  }
+}
+
+inline sm90::fwd::KernelArgs::Descale descale_args(const DescaleParams& d) {
+  return {d.data, d.block_rows, d.blocks_per_head};
+}
+
+// One kernel variant: tensor maps, grid, launch.
+template <class T, bool kCausal>
 Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
-  using T = sm90::fwd::Traits<kDType, kHeadDim, kCausal>;
   constexpr int kSmemBytes = sm90::fwd::shared_storage_bytes<T>();
   static_assert(kSmemBytes <= sm90::fwd::kMaxSmemPerBlock, "shared memory budget exceeded");
 
   sm90::fwd::KernelArgs args{};
   const TensorMapShape q{p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_stride};
   const TensorMapShape k{p.k, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_stride};
-  const TensorMapShape v{p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_stride};
-  const TensorMapShape o{p.out, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.out_stride};
-  constexpr int kCols = sm90::kSwizzleCols16;
+  const TensorMapShape v = v_map_shape<T>(p);
+  const TensorMapShape o{p.out, p.out_dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+                         p.out_stride};
+  constexpr int kCols = T::kSwizzleCols;
+  constexpr int kVRows = T::kFp8 ? T::kHeadDimV : T::kBlockN;
   for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
                    make_tensor_map(k, kCols, T::kBlockN, &args.k),
-                   make_tensor_map(v, kCols, T::kBlockN, &args.v),
-                   make_tensor_map(o, kCols, sm90::kMmaM, &args.o)}) {
+                   make_tensor_map(v, kCols, kVRows, &args.v),
+                   make_tensor_map(o, sm90::kSwizzleCols16, sm90::kMmaM, &args.o)}) {
     if (!s.ok()) {
       return s;
     }
@@ -61,12 +80,16 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.heads_per_kv_head = p.heads_q / p.heads_k;
   args.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   args.softmax_scale = p.softmax_scale;
+  args.q_descale = descale_args(p.q_descale);
+  args.k_descale = descale_args(p.k_descale);
+  args.v_descale = descale_args(p.v_descale);
 
   const long long tiles = static_cast<long long>(args.num_m_blocks) * p.heads_q * p.batch;
   if (tiles > INT_MAX) {
     return {StatusCode::kInvalidArgument,
-            "flash3::forward: batch * heads_q * ceil(seqlen_q / " + std::to_string(T::kBlockM) +
-                ") = " + std::to_string(tiles) + " tiles exceeds 2^31-1"};
+            std::string(T::kFp8 ? kForwardFp8Call : kForwardCall) +
+                ": batch * heads_q * ceil(seqlen_q / " + std::to_string(T::kBlockM) + ") = " +
+                std::to_string(tiles) + " tiles exceeds 2^31-1"};
   }
   args.num_tiles = static_cast<int>(tiles);
   // Persistent: at most one CTA per SM, each walking its share of the tiles
@@ -82,16 +105,26 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {
-    return {StatusCode::kCudaError, std::string("flash3::forward: launch failed: ") +
-                                        cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+    return {StatusCode::kCudaError, std::string(T::kFp8 ? kForwardFp8Call : kForwardCall) +
+                                        ": launch failed: " + cudaGetErrorName(err) + ": " +
+                                        cudaGetErrorString(err)};
   }
   return {};
 }
 
 template <DType kDType, int kHeadDim>
 Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
-  return p.causal ? launch_variant<kDType, kHeadDim, true>(p, stream)
-                  : launch_variant<kDType, kHeadDim, false>(p, stream);
+  using sm90::fwd::Traits;
+  return p.causal ? launch_variant<Traits<kDType, kHeadDim, true>, true>(p, stream)
+                  : launch_variant<Traits<kDType, kHeadDim, false>, false>(p, stream);
+}
+
+template <DType kOutDType, int kHeadDim>
+Status launch_forward_fp8_sm90(const ForwardParams& p, cudaStream_t stream) {
+  using sm90::fwd::Traits;
+  constexpr DType kFp8 = DType::kFloat8E4M3;
+  return p.causal ? launch_variant<Traits<kFp8, kHeadDim, true, kOutDType>, true>(p, stream)
+                  : launch_variant<Traits<kFp8, kHeadDim, false, kOutDType>, false>(p, stream);
 }
 
 }  // namespace flash3::detail

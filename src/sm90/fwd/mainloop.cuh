@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "kernel_args.cuh"
 #include "mask.cuh"
@@ -32,6 +33,13 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   return r;
 }
 
+// Four floats -> four e4m3 bytes (a in the lowest), saturating, nearest-even.
+__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
 // Position of this thread in the wgmma accumulator layout of its warpgroup.
 struct FragmentCoord {
   int warp;  // warp in the warpgroup: rows 16*warp .. 16*warp+15
@@ -48,9 +56,12 @@ struct Mainloop {
   using Element = typename T::Element;
   using Storage = SharedStorage<T>;
   using Pipeline = PipelineState<T::kStages>;
+  using Softmax = OnlineSoftmax<T::kFp8 ? 8 : 0>;
   static constexpr int kBlockM = T::kBlockM;
   static constexpr int kBlockN = T::kBlockN;
   static constexpr int kHeadDim = T::kHeadDimV;
+  static constexpr int kSwizzleCols = T::kSwizzleCols;
+  static constexpr int kMmaK = T::kMmaK;
 
   Storage& smem;
   const KernelArgs& args;
@@ -68,33 +79,48 @@ struct Mainloop {
       smem.q_full.arrive_expect_tx(T::kQTileBytes);
 #pragma unroll
       for (int b = 0; b < T::kColBlocks; ++b) {
-        tma_load(&args.q, &smem.q_full.word, smem.q + b * kBlockM * kSwizzleCols16,
-                 b * kSwizzleCols16, tile.m_block * kBlockM, tile.head, tile.batch);
+        tma_load(&args.q, &smem.q_full.word, smem.q + b * kBlockM * kSwizzleCols,
+                 b * kSwizzleCols, tile.m_block * kBlockM, tile.head, tile.batch);
       }
     };
     if (n_block_end <= 0) {
       load_q();
     }
     for (int n = n_block_end - 1; n >= 0; --n) {
-      load_kv(smem.k[pipe.stage], smem.k_full[pipe.stage], smem.k_empty[pipe.stage], &args.k,
-              pipe.phase, n, head_kv, tile.batch);
+      load_k(pipe, n, head_kv, tile.batch);
       if (n == n_block_end - 1) {
         load_q();  // after the first K, whose load then overlaps the previous epilogue
       }
-      load_kv(smem.v[pipe.stage], smem.v_full[pipe.stage], smem.v_empty[pipe.stage], &args.v,
-              pipe.phase, n, head_kv, tile.batch);
+      load_v(pipe, n, head_kv, tile.batch);
       pipe.advance();
     }
   }
 
-  __device__ void load_kv(Element* dst, Mbarrier& full, Mbarrier& empty, const CUtensorMap* map,
-                          uint32_t phase, int n_block, int head_kv, int batch) {
-    empty.wait(phase ^ 1u);  // the first pass finds every stage free
+  // K: kBlockN rows of the head dim; so is V for 16 bits. FP8 V (Fp8V
+  // layout) is kHeadDim rows of kBlockN keys.
+  __device__ void load_k(const Pipeline& pipe, int n_block, int head_kv, int batch) {
+    Mbarrier& full = smem.k_full[pipe.stage];
+    smem.k_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds every stage free
     full.arrive_expect_tx(T::kKVTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
-      tma_load(map, &full.word, dst + b * kBlockN * kSwizzleCols16, b * kSwizzleCols16,
-               n_block * kBlockN, head_kv, batch);
+      tma_load(&args.k, &full.word, smem.k[pipe.stage] + b * kBlockN * kSwizzleCols,
+               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+    }
+  }
+  __device__ void load_v(const Pipeline& pipe, int n_block, int head_kv, int batch) {
+    Mbarrier& full = smem.v_full[pipe.stage];
+    smem.v_empty[pipe.stage].wait(pipe.phase ^ 1u);
+    full.arrive_expect_tx(T::kKVTileBytes);
+#pragma unroll
+    for (int b = 0; b < T::kVColBlocks; ++b) {
+      if constexpr (T::kFp8) {
+        tma_load(&args.v, &full.word, smem.v[pipe.stage] + b * kHeadDim * kSwizzleCols,
+                 n_block * kBlockN + b * kSwizzleCols, 0, head_kv, batch);
+      } else {
+        tma_load(&args.v, &full.word, smem.v[pipe.stage] + b * kBlockN * kSwizzleCols,
+                 b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+      }
     }
   }
 
@@ -104,9 +130,9 @@ struct Mainloop {
     fence_operands(s);
     mma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / kMmaK16; ++kk) {
-      const int block = kk / (kSwizzleCols16 / kMmaK16);
-      const int offset = (kk % (kSwizzleCols16 / kMmaK16)) * kMmaK16 * 2;
+    for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
+      const int block = kk / (kSwizzleCols / kMmaK);
+      const int offset = (kk % (kSwizzleCols / kMmaK)) * kMmaKBytes;
       const uint64_t a = desc_k_major(q_addr + block * kBlockM * kSwizzleRowBytes + offset);
       const uint64_t b = desc_k_major(k_addr + block * kBlockN * kSwizzleRowBytes + offset);
       mma_ss<Element, kBlockN, gmma::Major::K>(a, b, s, kk > 0);
@@ -115,16 +141,25 @@ struct Mainloop {
     fence_operands(s);
   }
 
-  // O (64 x kHeadDim) += P (registers) times V.
-  __device__ void gemm_pv(const uint32_t (&p)[T::kSAccRegs / 2], uint32_t v_addr,
+  // O (64 x kHeadDim) += P (registers) times V: V's rows are keys (16-bit,
+  // MN-major B), or for fp8 its rows are the head dim (K-major B).
+  __device__ void gemm_pv(const uint32_t (&p)[T::kPRegs], uint32_t v_addr,
                           float (&o)[T::kOAccRegs]) {
     fence_operands(o);
     mma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
-      const uint64_t b = desc_mn_major(v_addr + kk * kMmaK16 * kSwizzleRowBytes,
-                                       kBlockN * kSwizzleRowBytes);
-      mma_rs<Element, kHeadDim, gmma::Major::MN>(&p[4 * kk], b, o);
+    for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
+      if constexpr (T::kFp8) {
+        const int block = kk / (kSwizzleCols / kMmaK);
+        const int offset = (kk % (kSwizzleCols / kMmaK)) * kMmaKBytes;
+        const uint64_t b =
+            desc_k_major(v_addr + block * kHeadDim * kSwizzleRowBytes + offset);
+        mma_rs<Element, kHeadDim, gmma::Major::K>(&p[4 * kk], b, o);
+      } else {
+        const uint64_t b = desc_mn_major(v_addr + kk * kMmaK * kSwizzleRowBytes,
+                                         kBlockN * kSwizzleRowBytes);
+        mma_rs<Element, kHeadDim, gmma::Major::MN>(&p[4 * kk], b, o);
+      }
     }
     mma_commit();
     fence_operands(o);
@@ -159,10 +194,27 @@ struct Mainloop {
     }
   }
 
-  __device__ void scores_to_p(const float (&s)[T::kSAccRegs], uint32_t (&p)[T::kSAccRegs / 2]) {
+  // P as the A operand of the PV wgmma. 16 bits: the S accumulator layout is
+  // the A fragment layout. FP8: an A register holds 4 consecutive k of one
+  // row, but a thread's S registers hold keys (2t, 2t + 1) of each 8-column
+  // group; registers are packed from groups (j, j + 1) as they are, so A
+  // position 4t + i of every 16 is key (2t, 2t + 1, 8 + 2t, 9 + 2t)[i], and
+  // the Fp8V layout stores V's keys in that order (kFp8VKeyOrder).
+  __device__ void scores_to_p(const float (&s)[T::kSAccRegs], uint32_t (&p)[T::kPRegs]) {
+    if constexpr (T::kFp8) {
 #pragma unroll
-    for (int i = 0; i < T::kSAccRegs / 2; ++i) {
-      p[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+      for (int g = 0; g < T::kSAccRegs / 8; ++g) {  // 16 keys: S registers 8g .. 8g + 7
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {  // row g (registers 0, 1 of a group) or g + 8 (2, 3)
+          p[2 * g + r] = pack4_e4m3(s[8 * g + 2 * r], s[8 * g + 2 * r + 1], s[8 * g + 4 + 2 * r],
+                                    s[8 * g + 5 + 2 * r]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < T::kPRegs; ++i) {
+        p[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+      }
     }
   }
 
@@ -173,21 +225,50 @@ struct Mainloop {
     }
   }
 
+  // FP8 descales (1 for 16 bits): the scale of row `row` of (batch, head).
+  __device__ static float descale(const KernelArgs::Descale& d, int batch, int heads, int head,
+                                  int row) {
+    if constexpr (T::kFp8) {
+      // Rows past seqlen (a warpgroup's rows in a ragged last tile) take the last block.
+      return __ldg(d.data + (static_cast<int64_t>(batch) * heads + head) * d.blocks +
+                   min(row / d.block_rows, d.blocks - 1));
+    } else {
+      return 1.0f;
+    }
+  }
+
   // Overlap order within a warpgroup, per key block n (from the last block
   // down, so the masked blocks come first):
   //   issue S_n = Q K_n^T; rescale O; issue O += P_{n+1} V_{n+1};
   //   wait S_n; softmax(S_n) while the PV GEMM runs; wait PV; P_n = S_n.
+  // FP8: the scores of block n are scaled by dq * dk_n (folded into the
+  // softmax's scale_log2), and O is accumulated in units of the V descale of
+  // the last block added (`o_units`, rescaled with the softmax's factor when
+  // the next block's scale differs); the epilogue multiplies it back.
   __device__ void compute(const Tile& tile, int n_block_end, int warpgroup, Pipeline& pipe,
-                          int tile_iter, float (&o)[T::kOAccRegs], OnlineSoftmax& softmax) {
+                          int tile_iter, float (&o)[T::kOAccRegs], Softmax& softmax,
+                          float& o_units) {
     const Mask<kBlockM, kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
     const FragmentCoord c = FragmentCoord::current();
     const int row0 = tile.m_block * kBlockM + warpgroup * kMmaM + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
+    const int head_kv = tile.head / args.heads_per_kv_head;
+    const int heads_kv = args.heads_q / args.heads_per_kv_head;
+    const float q_scale_log2 =
+        args.softmax_scale * kLog2e *
+        descale(args.q_descale, tile.batch, args.heads_q, tile.head,
+                tile.m_block * kBlockM + warpgroup * kMmaM);
+    auto k_scale = [&](int n) {
+      return descale(args.k_descale, tile.batch, heads_kv, head_kv, n * kBlockN);
+    };
+    auto v_scale = [&](int n) {
+      return descale(args.v_descale, tile.batch, heads_kv, head_kv, n * kBlockN);
+    };
     auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
       if (mask.needs_mask(tile.m_block, n)) {
         mask.apply(s, row0, n * kBlockN + c.col);
       }
-      softmax.step(s, rescale);
+      softmax.step(s, rescale, T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2);
     };
 
     smem.q_full.wait(tile_iter & 1);
@@ -195,8 +276,9 @@ struct Mainloop {
       return;
     }
     Pipeline& k_pipe = pipe;
-    float rescale[OnlineSoftmax::kRows];
-    uint32_t p[T::kSAccRegs / 2];
+    float rescale[Softmax::kRows];
+    uint32_t p[T::kPRegs];
+    float p_units = 1.0f;  // V descale of the block whose P is in p
     {
       float s[T::kSAccRegs];
       wait_for_turn(warpgroup);
@@ -208,6 +290,10 @@ struct Mainloop {
       smem.k_empty[k_pipe.stage].arrive();
       softmax_step(s, n_block_end - 1, rescale);
       scores_to_p(s, p);
+      if constexpr (T::kFp8) {
+        p_units = v_scale(n_block_end - 1);
+        o_units = p_units;
+      }
     }
     Pipeline v_pipe = k_pipe;  // V of a block sits in the same stage as its K
     k_pipe.advance();
@@ -216,7 +302,7 @@ struct Mainloop {
       wait_for_turn(warpgroup);
       smem.k_full[k_pipe.stage].wait(k_pipe.phase);
       gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
-      rescale_o(o, rescale);
+      rescale_for_next_pv(o, rescale, o_units, p_units);
       smem.v_full[v_pipe.stage].wait(v_pipe.phase);
       gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
       pass_turn(warpgroup);
@@ -227,6 +313,9 @@ struct Mainloop {
       fence_operands(s);
       smem.k_empty[k_pipe.stage].arrive();
       softmax_step(s, n, rescale);
+      if constexpr (T::kFp8) {
+        p_units = v_scale(n);
+      }
       mma_wait<0>();
       fence_operands(o);
       smem.v_empty[v_pipe.stage].arrive();
@@ -234,12 +323,25 @@ struct Mainloop {
       v_pipe = k_pipe;
       k_pipe.advance();
     }
-    rescale_o(o, rescale);
+    rescale_for_next_pv(o, rescale, o_units, p_units);
     smem.v_full[v_pipe.stage].wait(v_pipe.phase);
     gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
     mma_wait<0>();
     fence_operands(o);
     smem.v_empty[v_pipe.stage].arrive();
+  }
+
+  // Before O += P V of the block whose V descale is p_units: the softmax's
+  // factor, and for fp8 the change of units from o_units to p_units.
+  __device__ static void rescale_for_next_pv(float (&o)[T::kOAccRegs], float (&rescale)[2],
+                                             float& o_units, float p_units) {
+    if constexpr (T::kFp8) {
+      const float units = o_units / p_units;
+      rescale[0] *= units;
+      rescale[1] *= units;
+      o_units = p_units;
+    }
+    rescale_o(o, rescale);
   }
 };
 

@@ -28,13 +28,17 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Register i of a wgmma accumulator belongs to row (i & 2) ? 1 : 0 of the thread's two rows.
 __device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
 
+// kProbOffsetLog2: P = exp2(scaled score - row max + offset). The FP8 kernel
+// uses 8, so that P lies in [0, 256] and keeps e4m3's normal range for
+// probabilities down to 2^-14; the offset cancels in the normalisation.
+template <int kProbOffsetLog2 = 0>
 struct OnlineSoftmax {
   static constexpr int kRows = 2;
-  float row_max[kRows];  // running max of the raw (unscaled) scores
-  float row_sum[kRows];  // this thread's share of the running sum of exp
-  float scale_log2;      // softmax_scale * log2(e)
+  static constexpr float kLn2 = 0.6931471805599453f;
+  float row_max[kRows];  // running max of the scores times scale_log2
+  float row_sum[kRows];  // this thread's share of the running sum of P
 
-  __device__ explicit OnlineSoftmax(float softmax_scale) : scale_log2(softmax_scale * kLog2e) {
+  __device__ OnlineSoftmax() {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       row_max[r] = -INFINITY;
@@ -42,42 +46,46 @@ struct OnlineSoftmax {
     }
   }
 
-  // Replaces the scores in s by exp2(scale_log2 * (s - max)) and returns in
-  // `rescale` the factor that the O accumulator rows must be multiplied by.
-  // Fully masked rows (max still -inf) give zeros, never NaN.
+  // Replaces the raw scores in s by P = exp2(scale_log2 * s - max + offset)
+  // and returns in `rescale` the factor that the O accumulator rows must be
+  // multiplied by. scale_log2 (> 0) is softmax_scale * log2(e), times the
+  // block's descales for fp8. Fully masked rows (max still -inf) give zeros,
+  // never NaN.
   template <int kRegs>
-  __device__ __forceinline__ void step(float (&s)[kRegs], float (&rescale)[kRows]) {
-    float new_max[kRows] = {row_max[0], row_max[1]};
+  __device__ __forceinline__ void step(float (&s)[kRegs], float (&rescale)[kRows],
+                                       float scale_log2) {
+    float block_max[kRows] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
-      new_max[acc_row(i)] = fmaxf(new_max[acc_row(i)], s[i]);
+      block_max[acc_row(i)] = fmaxf(block_max[acc_row(i)], s[i]);
     }
-    float max_scaled[kRows];
+    float shift[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      new_max[r] = quad_max(new_max[r]);
-      max_scaled[r] = new_max[r] == -INFINITY ? 0.0f : new_max[r] * scale_log2;
-      rescale[r] = fast_exp2(row_max[r] * scale_log2 - max_scaled[r]);
-      row_max[r] = new_max[r];
+      const float new_max = fmaxf(row_max[r], quad_max(block_max[r]) * scale_log2);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      rescale[r] = fast_exp2(row_max[r] - base);
+      shift[r] = base - static_cast<float>(kProbOffsetLog2);
+      row_max[r] = new_max;
       row_sum[r] *= rescale[r];
     }
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
-      s[i] = fast_exp2(fmaf(s[i], scale_log2, -max_scaled[acc_row(i)]));
+      s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
       row_sum[acc_row(i)] += s[i];
     }
   }
 
   // Final per-row normaliser (0 for rows that saw no key) and log-sum-exp
   // (natural log; +inf for rows that saw no key, as FlashAttention does).
-  __device__ __forceinline__ void finish(float softmax_scale, float (&inv_sum)[kRows],
-                                         float (&lse)[kRows]) const {
+  __device__ __forceinline__ void finish(float (&inv_sum)[kRows], float (&lse)[kRows]) const {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_sum(row_sum[r]);
       const bool empty = sum == 0.0f || sum != sum;
       inv_sum[r] = empty ? 0.0f : 1.0f / sum;
-      lse[r] = empty ? INFINITY : row_max[r] * softmax_scale + logf(sum);
+      lse[r] = empty ? INFINITY
+                     : (row_max[r] - static_cast<float>(kProbOffsetLog2)) * kLn2 + logf(sum);
     }
   }
 };

@@ -4,6 +4,8 @@
 
 #include <cutlass/numeric_types.h>
 
+#include <type_traits>
+
 #include "flash3/flash3.hpp"
 #include "sm90/common/wgmma.cuh"
 
@@ -38,6 +40,23 @@ struct TileConfig<256, kCausal> {
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
 };
 
+// FP8 (e4m3) inputs: the GEMMs run at twice the rate, so a key block costs
+// half as long, and the ring needs more depth or larger blocks to keep up.
+// Shared memory: Q kBlockM x D bytes, 2 x kStages tiles of kBlockN x D bytes,
+// plus a separate 16-bit O staging tile (the 1-byte Q tile is too small).
+template <int kHeadDim, bool kCausal>
+struct TileConfigFp8;
+template <bool kCausal>
+struct TileConfigFp8<128, kCausal> {
+  // 16 KB Q + 32 KB O + 4 x 2 x 16 KB K/V = 176 KB.
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4;
+};
+template <bool kCausal>
+struct TileConfigFp8<256, kCausal> {
+  // 32 KB Q + 64 KB O + 2 x 2 x 32 KB K/V = 224 KB.
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+};
+
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
 // is worth; the default build has both techniques on.
 #if defined(FLASH3_ABLATE_PINGPONG)
@@ -61,11 +80,20 @@ template <>
 struct ElementOf<DType::kBFloat16> {
   using type = cutlass::bfloat16_t;
 };
+template <>
+struct ElementOf<DType::kFloat8E4M3> {
+  using type = cutlass::float_e4m3_t;
+};
 
-template <DType kDType, int kHeadDim, bool kCausal>
+// kDType: of Q, K, V; kOutDType: of O (the same, or fp16/bf16 for fp8).
+template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType>
 struct Traits {
-  using Config = TileConfig<kHeadDim, kCausal>;
+  static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
+  using Config = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal>,
+                                    TileConfig<kHeadDim, kCausal>>;
   using Element = typename ElementOf<kDType>::type;
+  using OutElement = typename ElementOf<kOutDType>::type;
+  static_assert(kOutDType != DType::kFloat8E4M3, "O is 16-bit");
   static constexpr int kHeadDimV = kHeadDim;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
@@ -102,12 +130,26 @@ struct Traits {
                     kConsumerRegisters * kConsumerThreads <= kRegistersPerSm,
                 "register budget exceeds the SM");
 
-  static constexpr int kColBlocks = kHeadDim / kSwizzleCols16;  // 64-column swizzle blocks
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+  // Operand tiles: rows of kSwizzleRowBytes in column blocks of kSwizzleCols
+  // elements (64 for 16 bits, 128 for fp8); a wgmma reduces over kMmaK
+  // elements (32 bytes) of them.
+  static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
+  static constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;
+  static constexpr int kMmaK = kMmaKBytes / kElementBytes;
+  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
   static constexpr int kSAccRegs = kBlockN / 2;   // 64 x kBlockN fp32 over 128 threads
+  static constexpr int kPRegs = kSAccRegs * kElementBytes / 4;  // P packed in 32-bit registers
   static constexpr int kOAccRegs = kHeadDim / 2;  // 64 x kHeadDim fp32 over 128 threads
-  static_assert(kHeadDim % kSwizzleCols16 == 0, "head dim must be a multiple of 64");
+  static constexpr int kOColBlocks = kHeadDim / kSwizzleCols16;  // O is 16-bit
+  // FP8: V arrives transposed (Fp8V layout: headdim rows of keys), so its
+  // tile is kHeadDim rows of kBlockN keys in kBlockN / 128 column blocks;
+  // O gets its own staging tile.
+  static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kColBlocks;
+  static constexpr bool kSeparateO = kFp8;
+  static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
+  static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
   static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
 };
 
