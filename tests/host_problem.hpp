@@ -109,7 +109,10 @@ struct HostFp8Problem {
   static constexpr int kQBlockRows = 64;
   static constexpr int kKBlockRows = 128;
   static constexpr int kVBlockRows = 256;
-  static constexpr size_t kBufferBytes = 512 * 1024;
+  // Room for every case's reshaped tensors, so their spans stay inside: the
+  // largest, out at head dim 256, takes 2 * 130 * 4 * 256 * 2 bytes.
+  static constexpr size_t kBufferBytes = 1024 * 1024;
+  static_assert(kBatch * kSeqlenQ * kHeadsQ * 256 * 2 <= kBufferBytes);
   static constexpr size_t kScaleBufferBytes = 4 * 1024;
 
   HostFp8Problem() = default;
