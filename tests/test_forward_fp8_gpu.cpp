@@ -1,10 +1,11 @@
 // The FP8 forward kernel on a Hopper GPU, against the float64 reference on the
 // same e4m3 inputs: the kernel's error must stay within kErrorFactor times
 // that of the FP8 emulation (ref::attention_forward_fp8: fp32 accumulators,
-// e4m3 P), plus kOutAtol; the LSE within kLseAtol + kLseRtol |lse|. Inputs
+// e4m3 P), plus kOutAtol; the LSE as expect_lse_close says. Inputs
 // are quantized on the CPU (ref::quantize_e4m3) and V laid out with
 // ref::fp8_v_layout, so that the kernel is tested alone. Every test skips,
 // saying why, where there is no such GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -63,6 +64,69 @@ std::vector<float> api_descales(const ref::Fp8Tensor& t, int* block_rows) {
   }
   *block_rows = t.dims.seqlen;
   return std::vector<float>(static_cast<size_t>(t.dims.batch) * t.dims.heads, t.descale[0]);
+}
+
+// Hopper's FP8 wgmma keeps about 14 significant bits when it adds products
+// into its fp32 accumulator (DeepSeek-V3 technical report, section 3.3.2; we
+// saw LSE errors of 3e-4 on scores of magnitude ~6), so a score q . k carries
+// an error up to ~2^-14 of sum_d |q_d k_d|. The LSE, a smooth maximum of the
+// scores, gets the same: each row may be off by kLseAtol + 2^-12 * scale *
+// sum_d |q_d| max_j |k_jd| (the largest such sum over the row's keys, with a
+// factor 4 of margin), or kLseRtol |lse|, whichever is larger.
+constexpr double kFp8AccumulatorError = 1.0 / 4096;
+
+void expect_lse_close(const Fp8Case& c, const ref::Fp8Tensor& q8, const ref::Fp8Tensor& k8,
+                      const std::vector<float>& got, const std::vector<double>& want,
+                      float scale) {
+  const ref::Shape& s = c.shape;
+  const std::vector<float> q = ref::dequantize(q8), k = ref::dequantize(k8);
+  // max_j |k_jd| per (batch, kv head, d)
+  std::vector<double> k_max(static_cast<size_t>(s.batch) * s.heads_k * s.headdim, 0.0);
+  for (int b = 0; b < s.batch; ++b) {
+    for (int j = 0; j < s.seqlen_k; ++j) {
+      for (int h = 0; h < s.heads_k; ++h) {
+        for (int d = 0; d < s.headdim; ++d) {
+          const size_t at = ((static_cast<size_t>(b) * s.seqlen_k + j) * s.heads_k + h) * s.headdim + d;
+          double& m = k_max[(static_cast<size_t>(b) * s.heads_k + h) * s.headdim + d];
+          m = std::max(m, static_cast<double>(std::fabs(k[at])));
+        }
+      }
+    }
+  }
+  size_t bad = 0;
+  std::string first;
+  for (int b = 0; b < s.batch; ++b) {
+    for (int h = 0; h < s.heads_q; ++h) {
+      const int h_kv = h / (s.heads_q / s.heads_k);
+      for (int i = 0; i < s.seqlen_q; ++i) {
+        const size_t row = (static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i;
+        const double ref_lse = want[row];
+        if (std::isinf(ref_lse)) {
+          if (!(std::isinf(got[row]) && got[row] > 0)) {
+            ++bad;
+          }
+          continue;
+        }
+        double bound_sum = 0;
+        for (int d = 0; d < s.headdim; ++d) {
+          const size_t at = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.headdim + d;
+          bound_sum += std::fabs(q[at]) *
+                       k_max[(static_cast<size_t>(b) * s.heads_k + h_kv) * s.headdim + d];
+        }
+        const double tolerance =
+            std::max(ref::kLseAtol + kFp8AccumulatorError * scale * bound_sum,
+                     ref::kLseRtol * std::fabs(ref_lse));
+        if (!(std::fabs(got[row] - ref_lse) <= tolerance)) {
+          if (bad++ == 0) {
+            first = "row " + std::to_string(row) + ": kernel " + std::to_string(got[row]) +
+                    ", ref64 " + std::to_string(ref_lse) + ", tolerance " +
+                    std::to_string(tolerance);
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "lse: " << bad << " rows outside the tolerance; first " << first;
 }
 
 template <class T>
@@ -143,8 +207,7 @@ void expect_fp8_matches_reference(const Fp8Case& c) {
       ref::attention_forward_fp8(out_type, s, q8, k8, v8, scale, c.causal);
   const ref::Verdict out_verdict = ref::check_output(out, emulated, want.out);
   EXPECT_TRUE(out_verdict.ok) << out_verdict.message;
-  const ref::Verdict lse_verdict = ref::check_lse(lse_got, want.lse);
-  EXPECT_TRUE(lse_verdict.ok) << lse_verdict.message;
+  expect_lse_close(c, q8, k8, lse_got, want.lse, scale);
   std::cout << "[ accuracy ] " << c.name() << ": " << out_verdict.message << "\n";
 }
 

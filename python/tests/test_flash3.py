@@ -159,9 +159,6 @@ def test_rejects_cpu_and_non_4d_tensors():
     "name, value",
     [
         ("qv", torch.zeros(1)),
-        ("q_descale", torch.ones(1)),
-        ("k_descale", torch.ones(1)),
-        ("v_descale", torch.ones(1)),
         ("window_size", (128, 0)),
         ("attention_chunk", 64),
         ("softcap", 30.0),
@@ -174,3 +171,10 @@ def test_unsupported_arguments_are_named(name, value):
     q = torch.randn(1, 128, 2, 64)
     with pytest.raises(NotImplementedError, match=f"flash3: {name}="):
         flash_attn_func(q, q, q, **{name: value})
+
+
+@pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])
+def test_descales_are_for_fp8_inputs_only(name):
+    q = torch.randn(1, 128, 2, 64)
+    with pytest.raises(ValueError, match="float8_e4m3fn inputs only"):
+        flash_attn_func(q, q, q, **{name: torch.ones(1, 2)})

@@ -27,7 +27,7 @@ __device__ __forceinline__ SharedStorage<T>& shared_storage() {
 template <class T>
 __device__ void init_barriers(SharedStorage<T>& smem) {
   smem.q_full.init(1);
-  smem.q_empty.init(T::kConsumerWarpgroups);  // one leader thread per consumer warpgroup
+  smem.q_empty.init(T::kQReleaseArrivals);
 #pragma unroll
   for (int s = 0; s < T::kStages; ++s) {
     smem.k_full[s].init(1);  // the producer's arrive_expect_tx

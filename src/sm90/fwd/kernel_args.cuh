@@ -8,6 +8,9 @@
 
 namespace flash3::sm90::fwd {
 
+// How O leaves the kernel (Traits::kOStore, epilogue.cuh).
+enum class OStore { kDirect, kInQTile, kSeparateTile };
+
 // Passed by value as a __grid_constant__ parameter: TMA reads the tensor maps
 // from parameter space.
 struct KernelArgs {
@@ -15,6 +18,8 @@ struct KernelArgs {
   CUtensorMap k;  // box (64 cols, kBlockN rows)
   CUtensorMap v;  // box (64 cols, kBlockN rows); fp8: Fp8V, box (128 keys, kHeadDim rows)
   CUtensorMap o;  // box (64 cols, 64 rows): one consumer warpgroup's rows
+  void* out;      // for the direct O store: (batch, seqlen_q, heads_q, headdim), strided
+  int64_t out_batch_stride, out_seq_stride, out_head_stride;  // elements
   float* lse;     // (batch, heads_q, seqlen_q) or null
   int seqlen_q;
   int seqlen_k;
@@ -33,8 +38,7 @@ struct KernelArgs {
   Descale q_descale, k_descale, v_descale;
 };
 
-// 16-bit O for the TMA store: in the Q tile when it is 16-bit too (each
-// consumer warpgroup reuses its own rows), else in a tile of its own.
+// Where O is staged for the TMA store: the Q tile, or (fp8) a tile of its own.
 template <class T, bool kSeparate = T::kSeparateO>
 struct OStaging {
   __device__ uint8_t* ptr(typename T::Element* q) { return reinterpret_cast<uint8_t*>(q); }
@@ -54,7 +58,7 @@ struct SharedStorage {
   OStaging<T> o_staging;
   __device__ uint8_t* o() { return o_staging.ptr(q); }
   Mbarrier q_full;
-  Mbarrier q_empty;  // both consumer warpgroups' O stores have read the Q tile
+  Mbarrier q_empty;  // the tile's Q K^T GEMMs (and O staged in Q) are done with it
   Mbarrier k_full[T::kStages];   // TMA landed K of a stage
   Mbarrier k_empty[T::kStages];  // every consumer thread finished reading it
   Mbarrier v_full[T::kStages];

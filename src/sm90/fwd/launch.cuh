@@ -73,6 +73,10 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
       return s;
     }
   }
+  args.out = p.out;
+  args.out_batch_stride = p.out_stride.batch;
+  args.out_seq_stride = p.out_stride.seq;
+  args.out_head_stride = p.out_stride.head;
   args.lse = p.softmax_lse;
   args.seqlen_q = p.seqlen_q;
   args.seqlen_k = p.seqlen_k;

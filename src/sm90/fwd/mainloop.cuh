@@ -74,7 +74,7 @@ struct Mainloop {
     const int head_kv = tile.head / args.heads_per_kv_head;
     auto load_q = [&] {
       if (tile_iter > 0) {
-        smem.q_empty.wait((tile_iter - 1) & 1);  // the previous tile's O left the Q tile
+        smem.q_empty.wait((tile_iter - 1) & 1);  // the previous tile's Q K^T GEMMs are done
       }
       smem.q_full.arrive_expect_tx(T::kQTileBytes);
 #pragma unroll
@@ -273,6 +273,7 @@ struct Mainloop {
 
     smem.q_full.wait(tile_iter & 1);
     if (n_block_end <= 0) {
+      release_q();
       return;
     }
     Pipeline& k_pipe = pipe;
@@ -288,6 +289,9 @@ struct Mainloop {
       mma_wait<0>();
       fence_operands(s);
       smem.k_empty[k_pipe.stage].arrive();
+      if (n_block_end == 1) {
+        release_q();
+      }
       softmax_step(s, n_block_end - 1, rescale);
       scores_to_p(s, p);
       if constexpr (T::kFp8) {
@@ -312,6 +316,9 @@ struct Mainloop {
       mma_wait<1>();  // S_n is ready; the PV GEMM may still run
       fence_operands(s);
       smem.k_empty[k_pipe.stage].arrive();
+      if (n == 0) {
+        release_q();
+      }
       softmax_step(s, n, rescale);
       if constexpr (T::kFp8) {
         p_units = v_scale(n);
@@ -329,6 +336,16 @@ struct Mainloop {
     mma_wait<0>();
     fence_operands(o);
     smem.v_empty[v_pipe.stage].arrive();
+  }
+
+  // The tile's last Q K^T GEMM is done: direct O stores free the Q tile
+  // here; staged ones free it in the epilogue once the TMA store has read the
+  // staging rows (for fp8, whose staging tile is separate, releasing here
+  // instead made ptxas spill 168 rather than 104 bytes at d256 causal).
+  __device__ void release_q() {
+    if constexpr (T::kOStore == OStore::kDirect) {
+      smem.q_empty.arrive();
+    }
   }
 
   // Before O += P V of the block whose V descale is p_units: the softmax's

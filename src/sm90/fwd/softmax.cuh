@@ -82,7 +82,8 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float sum = quad_sum(row_sum[r]);
-      const bool empty = sum == 0.0f || sum != sum;
+      // No visible key: the max never left -inf.
+      const bool empty = row_max[r] == -INFINITY || sum == 0.0f || sum != sum;
       inv_sum[r] = empty ? 0.0f : 1.0f / sum;
       lse[r] = empty ? INFINITY
                      : (row_max[r] - static_cast<float>(kProbOffsetLog2)) * kLn2 + logf(sum);

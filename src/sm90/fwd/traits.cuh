@@ -7,7 +7,15 @@
 #include <type_traits>
 
 #include "flash3/flash3.hpp"
+#include "kernel_args.cuh"
 #include "sm90/common/wgmma.cuh"
+
+
+
+
+
+
+
 
 namespace flash3::sm90::fwd {
 
@@ -98,8 +106,12 @@ struct Traits {
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kStages = Config::kStages;
-  // The consumer warpgroups take turns issuing GEMMs (mainloop.cuh).
-  static constexpr bool kPingPong = kPingPongEnabled;
+  // The consumer warpgroups take turns issuing GEMMs (mainloop.cuh). Not for
+  // fp8 non-causal, where the softmax outlasts the other warpgroup's (twice
+  // as fast) GEMMs and the turns only serialise: H200, same run, seqlen 16k,
+  // turns off vs on: d128 757 -> 796 TFLOP/s, d256 1084 -> 1198; causal
+  // d256 keeps them (1133 with, 1030 without).
+  static constexpr bool kPingPong = kPingPongEnabled && !(kFp8 && !kCausal);
   // A warpgroup's softmax of block n runs under its PV GEMM of block n+1.
   static constexpr bool kIntraWgOverlap = kIntraWgOverlapEnabled;
 
@@ -147,7 +159,23 @@ struct Traits {
   // tile is kHeadDim rows of kBlockN keys in kBlockN / 128 column blocks;
   // O gets its own staging tile.
   static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kColBlocks;
-  static constexpr bool kSeparateO = kFp8;
+  // How O leaves (epilogue.cuh): straight from registers (4-byte global
+  // stores), staged in the warpgroup's rows of the Q tile for a TMA store, or
+  // (fp8, whose 1-byte Q tile is too small) staged in a tile of its own.
+  // Direct stores free the Q tile after the last Q K^T GEMM, so the next
+  // tile's Q load overlaps the last PV GEMM and the epilogue; staged stores
+  // free it once the store has read the staging rows. Same-run A/B on the H200, bf16,
+  // direct vs staged in Q: d64 non-causal 512 311 -> 357 TFLOP/s, 1k 385 ->
+  // 416; d128 non-causal 4k 621 -> 600, d256 512 431 -> 405: direct for d64.
+  static constexpr OStore kOStore = kFp8 ? OStore::kSeparateTile
+                                    : kHeadDim == 64 ? OStore::kDirect
+                                                     : OStore::kInQTile;
+  static constexpr bool kSeparateO = kOStore == OStore::kSeparateTile;
+  // Arrivals that free the Q tile: every consumer thread after its last
+  // Q K^T GEMM (direct), or each warpgroup's leader once its store has read
+  // the staging rows.
+  static constexpr int kQReleaseArrivals =
+      kOStore == OStore::kDirect ? kConsumerThreads : kConsumerWarpgroups;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
   static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
