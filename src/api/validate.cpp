@@ -252,6 +252,60 @@ Status with_call(const char* call, Status s) {
   return s;
 }
 
+// out is shaped like q; q's heads are a multiple of k's.
+Status check_out_and_heads(const Tensor& q, const Tensor& k, const Tensor& out) {
+  if (out.shape[1] != q.shape[1] || out.shape[2] != q.shape[2]) {
+    return invalid("out.shape (", out.shape[0], ", ", out.shape[1], ", ", out.shape[2], ", ",
+                   out.shape[3], ") differs from q.shape (", q.shape[0], ", ", q.shape[1], ", ",
+                   q.shape[2], ", ", q.shape[3], ")");
+  }
+  if (q.shape[2] % k.shape[2] != 0) {
+    return invalid("q.shape[2] (heads_q) = ", q.shape[2],
+                   " is not a multiple of k.shape[2] (heads_k) = ", k.shape[2]);
+  }
+  return Status{};
+}
+
+Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options) {
+  if (softmax_lse != nullptr && reinterpret_cast<uintptr_t>(softmax_lse) % alignof(float) != 0) {
+    return invalid("softmax_lse is not 4-byte aligned");
+  }
+  if (!std::isfinite(options.softmax_scale) || options.softmax_scale < 0.0f) {
+    return invalid("options.softmax_scale = ", options.softmax_scale,
+                   " must be positive and finite (or 0 for 1/sqrt(headdim))");
+  }
+  const int64_t lse_rows = q.shape[0] * q.shape[2];
+  if (lse_rows > kMaxDimension) {
+    return invalid("batch * heads_q = ", lse_rows, " exceeds 2^31-1");
+  }
+  return Status{};
+}
+
+// The fields both forwards share (v's layout and the descales are the caller's).
+void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor& out,
+                  float* softmax_lse, const ForwardOptions& options, ForwardParams* p) {
+  p->q = q.data;
+  p->k = k.data;
+  p->v = v;
+  p->out = out.data;
+  p->softmax_lse = softmax_lse;
+  p->dtype = q.dtype;
+  p->out_dtype = out.dtype;
+  p->batch = static_cast<int>(q.shape[0]);
+  p->seqlen_q = static_cast<int>(q.shape[1]);
+  p->seqlen_k = static_cast<int>(k.shape[1]);
+  p->heads_q = static_cast<int>(q.shape[2]);
+  p->heads_k = static_cast<int>(k.shape[2]);
+  p->headdim = static_cast<int>(q.shape[3]);
+  p->q_stride = strides_of(q);
+  p->k_stride = strides_of(k);
+  p->out_stride = strides_of(out);
+  p->softmax_scale = options.softmax_scale > 0.0f
+                         ? options.softmax_scale
+                         : 1.0f / std::sqrt(static_cast<float>(p->headdim));
+  p->causal = options.causal;
+}
+
 Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                      float* softmax_lse, const ForwardOptions& options, ForwardParams* params) {
   const struct {
@@ -288,14 +342,8 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   if (v.shape[2] != k.shape[2]) {
     return invalid("v.shape[2] (heads) = ", v.shape[2], " differs from k's ", k.shape[2]);
   }
-  if (out.shape[1] != q.shape[1] || out.shape[2] != q.shape[2]) {
-    return invalid("out.shape (", out.shape[0], ", ", out.shape[1], ", ", out.shape[2], ", ",
-                   out.shape[3], ") differs from q.shape (", q.shape[0], ", ", q.shape[1], ", ",
-                   q.shape[2], ", ", q.shape[3], ")");
-  }
-  if (q.shape[2] % k.shape[2] != 0) {
-    return invalid("q.shape[2] (heads_q) = ", q.shape[2],
-                   " is not a multiple of k.shape[2] (heads_k) = ", k.shape[2]);
+  if (Status s = check_out_and_heads(q, k, out); !s.ok()) {
+    return s;
   }
   if (self_overlapping(out)) {
     return invalid("out's strides make elements overlap; out must not alias itself");
@@ -305,40 +353,13 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
       return invalid("out overlaps ", name, " in memory; the output must not alias an input");
     }
   }
-  if (softmax_lse != nullptr && reinterpret_cast<uintptr_t>(softmax_lse) % alignof(float) != 0) {
-    return invalid("softmax_lse is not 4-byte aligned");
-  }
-  if (!std::isfinite(options.softmax_scale) || options.softmax_scale < 0.0f) {
-    return invalid("options.softmax_scale = ", options.softmax_scale,
-                   " must be positive and finite (or 0 for 1/sqrt(headdim))");
-  }
-  const int64_t lse_rows = q.shape[0] * q.shape[2];
-  if (lse_rows > kMaxDimension) {
-    return invalid("batch * heads_q = ", lse_rows, " exceeds 2^31-1");
+  if (Status s = check_lse_and_options(q, softmax_lse, options); !s.ok()) {
+    return s;
   }
 
   ForwardParams p;
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = out.data;
-  p.softmax_lse = softmax_lse;
-  p.dtype = q.dtype;
-  p.out_dtype = out.dtype;
-  p.batch = static_cast<int>(q.shape[0]);
-  p.seqlen_q = static_cast<int>(q.shape[1]);
-  p.seqlen_k = static_cast<int>(k.shape[1]);
-  p.heads_q = static_cast<int>(q.shape[2]);
-  p.heads_k = static_cast<int>(k.shape[2]);
-  p.headdim = static_cast<int>(q.shape[3]);
-  p.q_stride = strides_of(q);
-  p.k_stride = strides_of(k);
+  fill_forward(q, k, v.data, out, softmax_lse, options, &p);
   p.v_stride = strides_of(v);
-  p.out_stride = strides_of(out);
-  p.softmax_scale = options.softmax_scale > 0.0f
-                        ? options.softmax_scale
-                        : 1.0f / std::sqrt(static_cast<float>(p.headdim));
-  p.causal = options.causal;
   *params = p;
   return Status{};
 }
@@ -576,14 +597,8 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
     return unsupported("headdim = ", q.shape[3],
                        " is not supported by the FP8 forward; supported: 128, 256");
   }
-  if (out.shape[1] != q.shape[1] || out.shape[2] != q.shape[2]) {
-    return invalid("out.shape (", out.shape[0], ", ", out.shape[1], ", ", out.shape[2], ", ",
-                   out.shape[3], ") differs from q.shape (", q.shape[0], ", ", q.shape[1], ", ",
-                   q.shape[2], ", ", q.shape[3], ")");
-  }
-  if (q.shape[2] % k.shape[2] != 0) {
-    return invalid("q.shape[2] (heads_q) = ", q.shape[2],
-                   " is not a multiple of k.shape[2] (heads_k) = ", k.shape[2]);
+  if (Status s = check_out_and_heads(q, k, out); !s.ok()) {
+    return s;
   }
 
   ForwardParams p;
@@ -623,39 +638,12 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
       return invalid("out overlaps ", name, " in memory; the output must not alias an input");
     }
   }
-  if (softmax_lse != nullptr && reinterpret_cast<uintptr_t>(softmax_lse) % alignof(float) != 0) {
-    return invalid("softmax_lse is not 4-byte aligned");
-  }
-  if (!std::isfinite(options.softmax_scale) || options.softmax_scale < 0.0f) {
-    return invalid("options.softmax_scale = ", options.softmax_scale,
-                   " must be positive and finite (or 0 for 1/sqrt(headdim))");
-  }
-  const int64_t lse_rows = q.shape[0] * q.shape[2];
-  if (lse_rows > kMaxDimension) {
-    return invalid("batch * heads_q = ", lse_rows, " exceeds 2^31-1");
+  if (Status s = check_lse_and_options(q, softmax_lse, options); !s.ok()) {
+    return s;
   }
 
-  p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
-  p.out = out.data;
-  p.softmax_lse = softmax_lse;
-  p.dtype = DType::kFloat8E4M3;
-  p.out_dtype = out.dtype;
-  p.batch = static_cast<int>(q.shape[0]);
-  p.seqlen_q = static_cast<int>(q.shape[1]);
-  p.seqlen_k = static_cast<int>(k.shape[1]);
-  p.heads_q = static_cast<int>(q.shape[2]);
-  p.heads_k = static_cast<int>(k.shape[2]);
-  p.headdim = static_cast<int>(q.shape[3]);
-  p.q_stride = strides_of(q);
-  p.k_stride = strides_of(k);
-  p.out_stride = strides_of(out);
+  fill_forward(q, k, v.data, out, softmax_lse, options, &p);
   p.v_padded_seqlen = static_cast<int>(v.padded_seqlen());
-  p.softmax_scale = options.softmax_scale > 0.0f
-                        ? options.softmax_scale
-                        : 1.0f / std::sqrt(static_cast<float>(p.headdim));
-  p.causal = options.causal;
   *params = p;
   return Status{};
 }
