@@ -119,6 +119,11 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
 template <DType kDType, int kHeadDim>
 Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
   using sm90::fwd::Traits;
+  if constexpr (kHeadDim == 64) {
+    if (p.causal && p.seqlen_q <= sm90::fwd::kShortCausalMaxSeqlen) {
+      return launch_variant<Traits<kDType, kHeadDim, true, kDType, true>, true>(p, stream);
+    }
+  }
   return p.causal ? launch_variant<Traits<kDType, kHeadDim, true>, true>(p, stream)
                   : launch_variant<Traits<kDType, kHeadDim, false>, false>(p, stream);
 }

@@ -10,16 +10,11 @@
 #include "kernel_args.cuh"
 #include "sm90/common/wgmma.cuh"
 
-
-
-
-
-
-
-
 namespace flash3::sm90::fwd {
 
-template <int kHeadDim, bool kCausal>
+// kShort: the variant for short causal sequences (launch.cuh picks it by
+// seqlen_q); only head dim 64 has one.
+template <int kHeadDim, bool kCausal, bool kShort>
 struct TileConfig;
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -27,22 +22,26 @@ struct TileConfig;
 //          per thread, P kBlockN/4 registers, O kHeadDim/2 floats.
 // kStages: depth of the K and V rings.
 // Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D.
-template <bool kCausal>
-struct TileConfig<64, kCausal> {
+template <bool kCausal, bool kShort>
+struct TileConfig<64, kCausal, kShort> {
   // O is only 32 registers, so three consumer warpgroups (192 query rows)
   // share each K/V tile, and the turns rotate over three; 24 KB Q + 6 x 16 KB
-  // K/V, so a deeper ring is free.
-  static constexpr int kBlockM = 192, kBlockN = 128, kStages = 3;
+  // K/V, so a deeper ring is free. Short causal sequences take 128 rows (two
+  // consumer warpgroups): fewer rows wasted on the diagonal and more tiles to
+  // balance. H200, bf16, same run, 192 vs 128 rows: 1k 237 vs 266, 2k 280 vs
+  // 332, 4k 421 vs 379, 16k 500 vs 425 TFLOP/s.
+  static constexpr int kBlockM = kShort ? 128 : 192, kBlockN = 128, kStages = 3;
 };
-template <bool kCausal>
-struct TileConfig<128, kCausal> {
+inline constexpr int kShortCausalMaxSeqlen = 2048;  // seqlen_q up to this: kShort tiles
+template <bool kCausal, bool kShort>
+struct TileConfig<128, kCausal, kShort> {
   // Non-causal: 176 keys per block amortise the softmax and barrier cost over
   // more GEMM work (S 88 + P 44 + O 64 registers); causal keeps 128 so that
   // the diagonal blocks waste less. 32 KB Q + 4 x 44 KB K/V = 208 KB.
   static constexpr int kBlockM = 128, kBlockN = kCausal ? 128 : 176, kStages = 2;
 };
-template <bool kCausal>
-struct TileConfig<256, kCausal> {
+template <bool kCausal, bool kShort>
+struct TileConfig<256, kCausal, kShort> {
   // O alone takes 128 registers per thread, so S stays at 80 columns
   // (40 regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits.
   static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
@@ -94,11 +93,12 @@ struct ElementOf<DType::kFloat8E4M3> {
 };
 
 // kDType: of Q, K, V; kOutDType: of O (the same, or fp16/bf16 for fp8).
-template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType>
+template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType,
+          bool kShort = false>
 struct Traits {
   static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
   using Config = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal>,
-                                    TileConfig<kHeadDim, kCausal>>;
+                                    TileConfig<kHeadDim, kCausal, kShort>>;
   using Element = typename ElementOf<kDType>::type;
   using OutElement = typename ElementOf<kOutDType>::type;
   static_assert(kOutDType != DType::kFloat8E4M3, "O is 16-bit");
