@@ -64,7 +64,9 @@ struct Epilogue {
       // The staging rows (and the Q tile) are free once the store has read them.
       if (threadIdx.x % T::kWarpgroupThreads == 0) {
         tma_store_wait_read();
-        smem.q_empty.arrive();
+        if constexpr (!T::kEarlyQRelease) {
+          smem.q_empty.arrive();
+        }
       }
     }
   }
@@ -101,6 +103,11 @@ struct Epilogue {
     const NamedBarrier barrier = static_cast<NamedBarrier>(
         static_cast<uint32_t>(NamedBarrier::kEpilogueConsumer0) + warpgroup);
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
+    if constexpr (T::kEarlyQRelease) {
+      // The Q tile's barriers no longer order this write after the previous
+      // tile's store: the leader has waited for that store's read; all wait for it.
+      named_barrier_sync(barrier, T::kWarpgroupThreads);
+    }
     uint8_t* staging = smem.o();
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {

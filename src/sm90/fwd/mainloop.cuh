@@ -338,12 +338,11 @@ struct Mainloop {
     smem.v_empty[v_pipe.stage].arrive();
   }
 
-  // The tile's last Q K^T GEMM is done: direct O stores free the Q tile
-  // here; staged ones free it in the epilogue once the TMA store has read the
-  // staging rows (for fp8, whose staging tile is separate, releasing here
-  // instead made ptxas spill 168 rather than 104 bytes at d256 causal).
+  // The tile's last Q K^T GEMM is done: free the Q tile here if
+  // Traits::kEarlyQRelease, else the epilogue frees it once its TMA store
+  // has read the staging rows.
   __device__ void release_q() {
-    if constexpr (T::kOStore == OStore::kDirect) {
+    if constexpr (T::kEarlyQRelease) {
       smem.q_empty.arrive();
     }
   }

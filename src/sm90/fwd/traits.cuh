@@ -171,11 +171,14 @@ struct Traits {
                                     : kHeadDim == 64 ? OStore::kDirect
                                                      : OStore::kInQTile;
   static constexpr bool kSeparateO = kOStore == OStore::kSeparateTile;
-  // Arrivals that free the Q tile: every consumer thread after its last
-  // Q K^T GEMM (direct), or each warpgroup's leader once its store has read
-  // the staging rows.
-  static constexpr int kQReleaseArrivals =
-      kOStore == OStore::kDirect ? kConsumerThreads : kConsumerWarpgroups;
+  // Who frees the Q tile: every consumer thread after its last Q K^T GEMM
+  // (direct stores; fp8 non-causal: H200, same run, d128 16k 745 -> 793,
+  // d256 1138 -> 1179 TFLOP/s), or each warpgroup's leader once its store has
+  // read the staging rows (fp8 causal: early release made d256 spill 168
+  // instead of 104 bytes).
+  static constexpr bool kEarlyQRelease =
+      kOStore == OStore::kDirect || (kOStore == OStore::kSeparateTile && !kCausal);
+  static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
   static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
