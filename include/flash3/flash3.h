@@ -111,7 +111,8 @@ typedef struct flash3_fp8_v {
 /* One scale per block of block_rows sequence rows of one (batch, head), as
  * flash3_quantize_fp8 writes them: float32, contiguous (batch, heads,
  * ceil(seqlen / block_rows)); a value of the tensor is float(code) * scale.
- * block_rows >= seqlen is one scale per head. */
+ * block_rows >= seqlen is one scale per head. Scales must be positive and
+ * finite (device memory: not checked). */
 typedef struct flash3_fp8_descale {
   const float* data;
   int block_rows;

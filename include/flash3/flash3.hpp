@@ -123,6 +123,8 @@ struct Fp8V {
 // quantize_fp8 writes them: float32, contiguous (batch, heads,
 // ceil(seqlen / block_rows)); a value v of the tensor is float(code) * scale.
 // block_rows >= seqlen is one scale per head (FlashAttention-3's descales).
+// Scales must be positive and finite; they live in device memory, so flash3
+// cannot check them (a zero or NaN scale gives NaN outputs).
 struct Fp8Descale {
   const float* data = nullptr;
   int block_rows = 0;
