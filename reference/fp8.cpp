@@ -1,6 +1,7 @@
 #include "reference/fp8.hpp"
 
 #include "flash3/flash3.hpp"  // kFp8VKeyGroup, kFp8VKeyOrder
+#include "src/sm90/fp8/prob_offset.hpp"
 
 #include <algorithm>
 #include <random>
@@ -105,9 +106,7 @@ double dot(const float* a, const float* b, int n) {
   return total;
 }
 
-// P = exp2(score - max + 8) lies in [0, 256]: e4m3 keeps its normal range
-// (2^-6 .. 448) for probabilities down to 2^-14 instead of 2^-6.
-constexpr float kFp8ProbOffsetLog2 = 8.0f;
+constexpr float kFp8ProbOffsetLog2 = static_cast<float>(fp8::kFp8ProbOffsetLog2);
 
 struct Fp8Problem {
   const Shape& shape;

@@ -131,3 +131,12 @@ flash3_bench_args() {
   return 0
 }
 
+# The same for the FP8 benchmark (flash3_bench --dtype fp8: head dims 128 and 256).
+flash3_fp8_bench_args() {
+  flash3_bench_args "$@" | sed '/^--dtype$/,+1d'
+  printf '%s\n' --dtype fp8 --headdim 128,256
+}
+
+# bench/fp8_accuracy.py's shape in scripts/run and scripts/gpu-check.
+FP8_ACCURACY_ARGS=(--seqlen 8192 --heads 4)
+

@@ -84,16 +84,18 @@ def _c_float_ptr(t):
     return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
 
 
-def _fp8_v_layout(v):
-    """V (e4m3, (batch, seqlen, heads, headdim)) in the FP8 forward's layout (flash3.h)."""
+def _fp8_v_layout(v, q):
+    """V (e4m3, (batch, seqlen, heads, headdim), on q's device) in the FP8 forward's
+    layout (flash3.h)."""
+    v_c = _describe("v", v, q)
     batch, seqlen, heads, headdim = v.shape
     group = _lib.FP8_V_KEY_GROUP
     padded = (seqlen + group - 1) // group * group
     buffer = torch.empty(batch * heads * headdim * padded, dtype=torch.uint8, device=v.device)
     layout = _lib.Fp8V(buffer.data_ptr(), batch, seqlen, heads, headdim)
-    args = _lib.Fp8VLayoutArgs(_describe("v", v, v), layout)
     with torch.cuda.device(v.device):
-        _lib.fp8_v_layout(args, torch.cuda.current_stream(v.device).cuda_stream)
+        _lib.fp8_v_layout(_lib.Fp8VLayoutArgs(v_c, layout),
+                          torch.cuda.current_stream(v.device).cuda_stream)
     return layout, buffer
 
 
@@ -104,8 +106,7 @@ def _forward_fp8(q, k, v, descales, softmax_scale, causal, out_dtype):
         if t.dtype != torch.float8_e4m3fn:
             raise ValueError(f"flash3: q is float8_e4m3fn but {name}.dtype is {t.dtype}; all three must be")
     q_c, k_c = _describe("q", q, q), _describe("k", k, q)
-    _describe("v", v, q)
-    v_layout, v_buffer = _fp8_v_layout(v)
+    v_layout, v_buffer = _fp8_v_layout(v, q)
     batch, seqlen_q, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=out_dtype, device=q.device)
     softmax_lse = torch.empty(batch, heads, seqlen_q, dtype=torch.float32, device=q.device)

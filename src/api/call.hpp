@@ -23,10 +23,10 @@ Status run_call(const char* call, const Validate& validate, cudaStream_t stream)
     if (Status s = validate(&params); !s.ok()) {
       return s;
     }
-    if (Status s = check_device(&params); !s.ok()) {
+    if (Status s = check_device(call, &params); !s.ok()) {
       return s;
     }
-    if (Status s = check_pointers(params); !s.ok()) {
+    if (Status s = check_pointers(call, params); !s.ok()) {
       return s;
     }
     return dispatch(params, stream);

@@ -12,11 +12,6 @@ namespace {
 constexpr int kHopperMajor = 9;
 constexpr int kHopperMinor = 0;
 
-struct CurrentDevice {
-  int device = 0;
-  int num_sms = 0;
-};
-
 struct NamedPointer {
   const char* name;
   const void* ptr;
@@ -68,12 +63,15 @@ Status check_each_pointer(const char* call, int device, std::initializer_list<Na
 constexpr int kMaxCachedDevices = 64;
 std::atomic<int> g_hopper_sms[kMaxCachedDevices];
 
-Status current_hopper(const char* call, CurrentDevice* current) {
+}  // namespace
+
+Status check_device(const char* call, DeviceFields* current) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess && device >= 0 && device < kMaxCachedDevices) {
     if (const int sms = g_hopper_sms[device].load(std::memory_order_relaxed); sms > 0) {
-      *current = CurrentDevice{device, sms};
+      current->device = device;
+      current->num_sms = sms;
       return Status{};
     }
   }
@@ -108,45 +106,14 @@ Status current_hopper(const char* call, CurrentDevice* current) {
   if (device >= 0 && device < kMaxCachedDevices) {
     g_hopper_sms[device].store(sms, std::memory_order_relaxed);
   }
-  *current = CurrentDevice{device, sms};
+  current->device = device;
+  current->num_sms = sms;
   return Status{};
 }
 
-}  // namespace
-
-Status check_device(ForwardParams* params) {
-  CurrentDevice current;
-  const char* call = params->dtype == DType::kFloat8E4M3 ? kForwardFp8Call : kForwardCall;
-  if (Status s = current_hopper(call, &current); !s.ok()) {
-    return s;
-  }
-  params->device = current.device;
-  params->num_sms = current.num_sms;
-  return Status{};
-}
-
-Status check_device(Fp8VLayoutParams* params) {
-  CurrentDevice current;
-  if (Status s = current_hopper(kFp8VLayoutCall, &current); !s.ok()) {
-    return s;
-  }
-  params->device = current.device;
-  return Status{};
-}
-
-Status check_device(QuantizeParams* params) {
-  CurrentDevice current;
-  if (Status s = current_hopper(kQuantizeCall, &current); !s.ok()) {
-    return s;
-  }
-  params->device = current.device;
-  return Status{};
-}
-
-Status check_pointers(const ForwardParams& p) {
+Status check_pointers(const char* call, const ForwardParams& p) {
   // The descales are null (skipped) for the 16-bit forward.
-  return check_each_pointer(p.dtype == DType::kFloat8E4M3 ? kForwardFp8Call : kForwardCall,
-                            p.device,
+  return check_each_pointer(call, p.device,
                             {{"q.data", p.q},
                              {"k.data", p.k},
                              {"v.data", p.v},
@@ -157,12 +124,12 @@ Status check_pointers(const ForwardParams& p) {
                              {"descales.v.data", p.v_descale.data}});
 }
 
-Status check_pointers(const Fp8VLayoutParams& p) {
-  return check_each_pointer(kFp8VLayoutCall, p.device, {{"v.data", p.v}, {"v_out.data", p.v_out}});
+Status check_pointers(const char* call, const Fp8VLayoutParams& p) {
+  return check_each_pointer(call, p.device, {{"v.data", p.v}, {"v_out.data", p.v_out}});
 }
 
-Status check_pointers(const QuantizeParams& p) {
-  return check_each_pointer(kQuantizeCall, p.device,
+Status check_pointers(const char* call, const QuantizeParams& p) {
+  return check_each_pointer(call, p.device,
                             {{"x.data", p.x}, {"x_fp8.data", p.x_fp8}, {"descale", p.descale}});
 }
 

@@ -7,15 +7,13 @@
 
 namespace flash3::detail {
 
-// Fills params->device (and the forward's num_sms), or says why this device
-// cannot run flash3.
-Status check_device(ForwardParams* params);
-Status check_device(QuantizeParams* params);
-Status check_device(Fp8VLayoutParams* params);
+// Fills params->device and num_sms, or says why this device cannot run
+// flash3; `call` names the public call in messages.
+Status check_device(const char* call, DeviceFields* params);
 
 // Every pointer in params must be device (or managed) memory of params->device.
-Status check_pointers(const ForwardParams& params);
-Status check_pointers(const QuantizeParams& params);
-Status check_pointers(const Fp8VLayoutParams& params);
+Status check_pointers(const char* call, const ForwardParams& params);
+Status check_pointers(const char* call, const QuantizeParams& params);
+Status check_pointers(const char* call, const Fp8VLayoutParams& params);
 
 }  // namespace flash3::detail

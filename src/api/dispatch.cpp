@@ -9,13 +9,15 @@
 namespace flash3::detail {
 namespace {
 
-template <DType kDType, int kHeadDim>
-Status launch_if_built(const ForwardParams& p, cudaStream_t stream) {
-  if constexpr (kKernelBuilt<kDType, kHeadDim>) {
-    return launch_forward_sm90<kDType, kHeadDim>(p, stream);
+// launch() if the (kind, dtype, head dim) kernel is in this build
+// (FLASH3_KERNELS), else kUnsupported naming it.
+template <bool kBuilt, DType kDType, int kHeadDim, class Launch>
+Status launch_if_built(const char* call, const char* kind, const Launch& launch) {
+  if constexpr (kBuilt) {
+    return launch();
   } else {
     return Status{StatusCode::kUnsupported,
-                  std::string(kForwardCall) + ": the " + dtype_name(kDType) + " headdim " +
+                  std::string(call) + ": the " + kind + dtype_name(kDType) + " headdim " +
                       std::to_string(kHeadDim) +
                       " kernel is not in this build (configure with -DFLASH3_KERNELS=all)"};
   }
@@ -53,24 +55,18 @@ Status visit_headdim(const char* call, int headdim, const Fn& fn) {
 }
 
 template <DType kOutDType, int kHeadDim>
-Status launch_fp8_if_built(const ForwardParams& p, cudaStream_t stream) {
-  if constexpr (kFp8KernelBuilt<kOutDType, kHeadDim>) {
-    return launch_forward_fp8_sm90<kOutDType, kHeadDim>(p, stream);
-  } else {
-    return Status{StatusCode::kUnsupported,
-                  std::string(kForwardFp8Call) + ": the fp8 -> " + dtype_name(kOutDType) +
-                      " headdim " + std::to_string(kHeadDim) +
-                      " kernel is not in this build (configure with -DFLASH3_KERNELS=all)"};
-  }
+Status launch_fp8(const ForwardParams& p, cudaStream_t stream) {
+  return launch_if_built<kFp8KernelBuilt<kOutDType, kHeadDim>, kOutDType, kHeadDim>(
+      kForwardFp8Call, "fp8 -> ", [&] { return launch_forward_fp8_sm90<kOutDType, kHeadDim>(p, stream); });
 }
 
 Status dispatch_fp8(const ForwardParams& p, cudaStream_t stream) {
   return visit_dtype(kForwardFp8Call, p.out_dtype, [&](auto out_dtype) {
     switch (p.headdim) {
       case 128:
-        return launch_fp8_if_built<decltype(out_dtype)::value, 128>(p, stream);
+        return launch_fp8<decltype(out_dtype)::value, 128>(p, stream);
       case 256:
-        return launch_fp8_if_built<decltype(out_dtype)::value, 256>(p, stream);
+        return launch_fp8<decltype(out_dtype)::value, 256>(p, stream);
       default:
         break;
     }
@@ -87,7 +83,10 @@ Status dispatch(const ForwardParams& p, cudaStream_t stream) {
   }
   return visit_dtype(kForwardCall, p.dtype, [&](auto dtype) {
     return visit_headdim(kForwardCall, p.headdim, [&](auto headdim) {
-      return launch_if_built<decltype(dtype)::value, decltype(headdim)::value>(p, stream);
+      constexpr DType kDType = decltype(dtype)::value;
+      constexpr int kHeadDim = decltype(headdim)::value;
+      return launch_if_built<kKernelBuilt<kDType, kHeadDim>, kDType, kHeadDim>(
+          kForwardCall, "", [&] { return launch_forward_sm90<kDType, kHeadDim>(p, stream); });
     });
   });
 }

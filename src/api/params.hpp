@@ -20,6 +20,11 @@ struct Strides3 {
   int64_t head = 0;
 };
 
+// Key slots per head-dim row of the Fp8V layout (Fp8V::padded_seqlen).
+inline int fp8_v_padded_seqlen(int seqlen) {
+  return static_cast<int>(Fp8V{nullptr, 0, seqlen, 0, 0}.padded_seqlen());
+}
+
 // One scale per block of rows of one (batch, head): data[(b * heads + h) *
 // blocks_per_head + row / block_rows].
 struct DescaleParams {
@@ -28,7 +33,13 @@ struct DescaleParams {
   int blocks_per_head = 0;
 };
 
-struct ForwardParams {
+// What the device check fills in, after validation (device.hpp).
+struct DeviceFields {
+  int device = 0;
+  int num_sms = 0;
+};
+
+struct ForwardParams : DeviceFields {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -45,17 +56,13 @@ struct ForwardParams {
   int headdim = 0;
   Strides3 q_stride, k_stride, v_stride, out_stride;
   // FP8 only: v is in the Fp8V layout (v_stride unused), and the descales.
-  int v_padded_seqlen = 0;
   DescaleParams q_descale, k_descale, v_descale;
 
   float softmax_scale = 0.0f;  // resolved: never 0 here
   bool causal = false;
-
-  int device = 0;     // filled by the device check
-  int num_sms = 0;
 };
 
-struct QuantizeParams {
+struct QuantizeParams : DeviceFields {
   const void* x = nullptr;
   void* x_fp8 = nullptr;
   float* descale = nullptr;  // contiguous (batch, heads, blocks_per_head)
@@ -72,22 +79,17 @@ struct QuantizeParams {
   int num_blocks = 0;       // batch * heads * blocks_per_head: the number of scales
   bool hadamard = false;
   uint64_t seed = 0;
-
-  int device = 0;  // filled by the device check
 };
 
 // fp8_v_layout: v (e4m3, strided) into the Fp8V layout.
-struct Fp8VLayoutParams {
+struct Fp8VLayoutParams : DeviceFields {
   const void* v = nullptr;
   void* v_out = nullptr;
   int batch = 0;
   int seqlen = 0;
   int heads = 0;
   int headdim = 0;
-  int padded_seqlen = 0;
   Strides3 v_stride;
-
-  int device = 0;  // filled by the device check
 };
 
 }  // namespace flash3::detail

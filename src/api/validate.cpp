@@ -252,6 +252,16 @@ Status with_call(const char* call, Status s) {
   return s;
 }
 
+Status check_batch_and_headdim_match_q(const char* name, const Tensor& t, const Tensor& q) {
+  if (t.shape[3] != q.shape[3]) {
+    return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ", q.shape[3]);
+  }
+  if (t.shape[0] != q.shape[0]) {
+    return invalid(name, ".shape[0] (batch) = ", t.shape[0], " differs from q's ", q.shape[0]);
+  }
+  return Status{};
+}
+
 // out is shaped like q; q's heads are a multiple of k's.
 Status check_out_and_heads(const Tensor& q, const Tensor& k, const Tensor& out) {
   if (out.shape[1] != q.shape[1] || out.shape[2] != q.shape[2]) {
@@ -324,13 +334,8 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     }
   }
   for (const auto& [name, t] : tensors) {
-    if (t.shape[3] != q.shape[3]) {
-      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ",
-                     q.shape[3]);
-    }
-    if (t.shape[0] != q.shape[0]) {
-      return invalid(name, ".shape[0] (batch) = ", t.shape[0], " differs from q's ",
-                     q.shape[0]);
+    if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
+      return s;
     }
   }
   if (!supported_headdim(q.shape[3])) {
@@ -581,13 +586,8 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
     const Tensor& t;
   } tensors[] = {{"k", k}, {"out", out}};
   for (const auto& [name, t] : tensors) {
-    if (t.shape[3] != q.shape[3]) {
-      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ",
-                     q.shape[3]);
-    }
-    if (t.shape[0] != q.shape[0]) {
-      return invalid(name, ".shape[0] (batch) = ", t.shape[0], " differs from q's ",
-                     q.shape[0]);
+    if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
+      return s;
     }
   }
   if (Status s = check_fp8_v_shape("v", v, "k", k); !s.ok()) {
@@ -643,7 +643,6 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
   }
 
   fill_forward(q, k, v.data, out, softmax_lse, options, &p);
-  p.v_padded_seqlen = static_cast<int>(v.padded_seqlen());
   *params = p;
   return Status{};
 }
@@ -673,7 +672,6 @@ Status check_fp8_v_layout(const Tensor& v, const Fp8V& v_out, Fp8VLayoutParams* 
   p.seqlen = static_cast<int>(v.shape[1]);
   p.heads = static_cast<int>(v.shape[2]);
   p.headdim = static_cast<int>(v.shape[3]);
-  p.padded_seqlen = static_cast<int>(v_out.padded_seqlen());
   p.v_stride = strides_of(v);
   *params = p;
   return Status{};

@@ -181,7 +181,7 @@ Status launch_fp8_v_layout_sm90(const Fp8VLayoutParams& p, cudaStream_t stream) 
   args.v_stride = p.v_stride;
   args.seqlen = p.seqlen;
   args.heads = p.heads;
-  args.padded_seqlen = p.padded_seqlen;
+  args.padded_seqlen = fp8_v_padded_seqlen(p.seqlen);
   args.tiles_per_head = static_cast<int>((int64_t{p.seqlen} + kVLayoutKeys - 1) / kVLayoutKeys);
   args.num_tiles = int64_t{p.batch} * p.heads * args.tiles_per_head;
   const unsigned ctas =

@@ -3,6 +3,7 @@
 
 #include <cuda.h>
 
+#include "api/params.hpp"
 #include "sm90/common/sync.cuh"
 #include "sm90/common/wgmma.cuh"
 
@@ -29,17 +30,12 @@ struct KernelArgs {
   int num_tiles;  // num_m_blocks * heads_q * batch
   float softmax_scale;
   // FP8 only: one scale per block of rows of one (batch, head), at
-  // descale[(batch * heads + head) * blocks + row / block_rows].
-  struct Descale {
-    const float* data;
-    int block_rows;
-    int blocks;
-  };
-  Descale q_descale, k_descale, v_descale;
+  // data[(batch * heads + head) * blocks_per_head + row / block_rows].
+  flash3::detail::DescaleParams q_descale, k_descale, v_descale;
 };
 
 // Where O is staged for the TMA store: the Q tile, or (fp8) a tile of its own.
-template <class T, bool kSeparate = T::kSeparateO>
+template <class T, bool kSeparate = T::kOStore == OStore::kSeparateTile>
 struct OStaging {
   __device__ uint8_t* ptr(typename T::Element* q) { return reinterpret_cast<uint8_t*>(q); }
 };

@@ -38,17 +38,13 @@ cudaError_t allow_dynamic_smem(int smem_bytes, int device) {
 template <class T>
 TensorMapShape v_map_shape(const ForwardParams& p) {
   if constexpr (T::kFp8) {
-    const int64_t pad = p.v_padded_seqlen;
+    const int pad = fp8_v_padded_seqlen(p.seqlen_k);
     const Strides3 stride{static_cast<int64_t>(p.heads_k) * p.headdim * pad, pad,
                           static_cast<int64_t>(p.headdim) * pad};
-    return {p.v, p.dtype, p.batch, p.headdim, p.heads_k, p.v_padded_seqlen, stride};
+    return {p.v, p.dtype, p.batch, p.headdim, p.heads_k, pad, stride};
   } else {
     return {p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_stride};
   }
-}
-
-inline sm90::fwd::KernelArgs::Descale descale_args(const DescaleParams& d) {
-  return {d.data, d.block_rows, d.blocks_per_head};
 }
 
 // One kernel variant: tensor maps, grid, launch.
@@ -84,9 +80,9 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.heads_per_kv_head = p.heads_q / p.heads_k;
   args.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
   args.softmax_scale = p.softmax_scale;
-  args.q_descale = descale_args(p.q_descale);
-  args.k_descale = descale_args(p.k_descale);
-  args.v_descale = descale_args(p.v_descale);
+  args.q_descale = p.q_descale;
+  args.k_descale = p.k_descale;
+  args.v_descale = p.v_descale;
 
   const long long tiles = static_cast<long long>(args.num_m_blocks) * p.heads_q * p.batch;
   if (tiles > INT_MAX) {

@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 
 #include "kernel_args.cuh"
+#include "sm90/fp8/prob_offset.hpp"
 #include "mask.cuh"
 #include "scheduler.cuh"
 #include "sm90/common/sync.cuh"
@@ -56,7 +57,7 @@ struct Mainloop {
   using Element = typename T::Element;
   using Storage = SharedStorage<T>;
   using Pipeline = PipelineState<T::kStages>;
-  using Softmax = OnlineSoftmax<T::kFp8 ? 8 : 0>;
+  using Softmax = OnlineSoftmax<T::kFp8 ? fp8::kFp8ProbOffsetLog2 : 0>;
   static constexpr int kBlockM = T::kBlockM;
   static constexpr int kBlockN = T::kBlockN;
   static constexpr int kHeadDim = T::kHeadDimV;
@@ -226,12 +227,12 @@ struct Mainloop {
   }
 
   // FP8 descales (1 for 16 bits): the scale of row `row` of (batch, head).
-  __device__ static float descale(const KernelArgs::Descale& d, int batch, int heads, int head,
+  __device__ static float descale(const flash3::detail::DescaleParams& d, int batch, int heads, int head,
                                   int row) {
     if constexpr (T::kFp8) {
       // Rows past seqlen (a warpgroup's rows in a ragged last tile) take the last block.
-      return __ldg(d.data + (static_cast<int64_t>(batch) * heads + head) * d.blocks +
-                   min(row / d.block_rows, d.blocks - 1));
+      return __ldg(d.data + (static_cast<int64_t>(batch) * heads + head) * d.blocks_per_head +
+                   min(row / d.block_rows, d.blocks_per_head - 1));
     } else {
       return 1.0f;
     }

@@ -28,9 +28,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Register i of a wgmma accumulator belongs to row (i & 2) ? 1 : 0 of the thread's two rows.
 __device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
 
-// kProbOffsetLog2: P = exp2(scaled score - row max + offset). The FP8 kernel
-// uses 8, so that P lies in [0, 256] and keeps e4m3's normal range for
-// probabilities down to 2^-14; the offset cancels in the normalisation.
+// kProbOffsetLog2: P = exp2(scaled score - row max + offset); the FP8 kernel
+// uses fp8::kFp8ProbOffsetLog2 (sm90/fp8/prob_offset.hpp).
 template <int kProbOffsetLog2 = 0>
 struct OnlineSoftmax {
   static constexpr int kRows = 2;

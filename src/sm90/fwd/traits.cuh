@@ -170,7 +170,6 @@ struct Traits {
   static constexpr OStore kOStore = kFp8 ? OStore::kSeparateTile
                                     : kHeadDim == 64 ? OStore::kDirect
                                                      : OStore::kInQTile;
-  static constexpr bool kSeparateO = kOStore == OStore::kSeparateTile;
   // Who frees the Q tile: every consumer thread after its last Q K^T GEMM
   // (direct stores; fp8 non-causal: H200, same run, d128 16k 745 -> 793,
   // d256 1138 -> 1179 TFLOP/s), or each warpgroup's leader once its store has
