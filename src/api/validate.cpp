@@ -560,7 +560,7 @@ Status check_descale(const char* tensor, const Fp8Descale& d, int64_t batch, int
   span->lo = reinterpret_cast<uintptr_t>(d.data);
   span->hi = static_cast<uint64_t>(end);
   params->data = d.data;
-  params->block_rows = d.block_rows;
+  params->by_block_rows = FastDivisor::of(d.block_rows);
   params->blocks_per_head = static_cast<int>(blocks_per_head);
   return Status{};
 }

@@ -23,6 +23,10 @@ struct Mbarrier {
   __device__ void arrive() { cutlass::arch::ClusterBarrier::arrive(&word); }
   // Blocks until the phase of the given parity has completed.
   __device__ void wait(uint32_t parity) { cutlass::arch::ClusterBarrier::wait(&word, parity); }
+  // Whether it has, without waiting.
+  __device__ bool test_wait(uint32_t parity) {
+    return cutlass::arch::ClusterBarrier::test_wait(&word, parity, 1u);
+  }
 };
 
 // Makes barrier initialisation visible to the async proxy (TMA) and the other warps.

@@ -1,7 +1,8 @@
 // The warp-specialised persistent forward kernel: warp roles only.
 // Warpgroup 0 is the producer (one thread issues every TMA load, the rest
 // idle on few registers); warpgroups 1.. are consumers, each owning 64 query
-// rows of every tile the scheduler hands this CTA.
+// rows of every tile the scheduler hands this CTA. (The warp-specialization
+// ablation has consumers only: Traits::kWarpSpecialized.)
 #pragma once
 
 #include "epilogue.cuh"
@@ -41,7 +42,8 @@ template <class T, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_constant__ KernelArgs args) {
   SharedStorage<T>& smem = shared_storage<T>();
   const int warpgroup = threadIdx.x / T::kWarpgroupThreads;
-  const WarpRole role = warpgroup == 0 ? WarpRole::kProducer : WarpRole::kConsumer;
+  const WarpRole role =
+      T::kWarpSpecialized && warpgroup == 0 ? WarpRole::kProducer : WarpRole::kConsumer;
 
   if (threadIdx.x == 0) {
     init_barriers(smem);
@@ -55,21 +57,21 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
 
   const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.num_tiles};
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
-  Mainloop<T, kCausal> mainloop{smem, args};
+  Mainloop<T, kCausal> mainloop{smem, args, scheduler, mask};
   typename Mainloop<T, kCausal>::Pipeline pipe;
 
   if (role == WarpRole::kProducer) {
     registers_release<T::kProducerRegisters>();
     if (threadIdx.x == 0) {
-      int iter = 0;
-      for (int i = scheduler.first<kCausal>(); scheduler.valid(i); i = scheduler.next<kCausal>(i), ++iter) {
-        const Tile tile = scheduler.tile<kCausal>(i);
-        mainloop.load(tile, mask.n_block_end(tile.m_block), pipe, iter);
-      }
+      mainloop.load_all();
     }
   } else {
-    registers_acquire<T::kConsumerRegisters>();
-    const int consumer = warpgroup - 1;
+    if constexpr (T::kWarpSpecialized) {
+      registers_acquire<T::kConsumerRegisters>();
+    } else {
+      mainloop.loads = mainloop.first_load();  // thread 0's; the others never use it
+    }
+    const int consumer = warpgroup - T::kProducerWarpgroups;
     mainloop.start_turns(consumer);
     int iter = 0;
     for (int i = scheduler.first<kCausal>(); scheduler.valid(i); i = scheduler.next<kCausal>(i), ++iter) {

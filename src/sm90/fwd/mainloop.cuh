@@ -68,32 +68,96 @@ struct Mainloop {
   const KernelArgs& args;
 
   // ---------------------------------------------------------------- producer (one thread)
-  // Loads Q once per tile and K, V of every key block through the ring.
-  // `pipe` carries the ring position from tile to tile; `tile_iter` counts
-  // this CTA's tiles (the parity of the Q barriers).
-  __device__ void load(const Tile& tile, int n_block_end, Pipeline& pipe, int tile_iter) {
-    const int head_kv = tile.head / args.heads_per_kv_head;
-    auto load_q = [&] {
-      if (tile_iter > 0) {
-        smem.q_empty.wait((tile_iter - 1) & 1);  // the previous tile's Q K^T GEMMs are done
-      }
-      smem.q_full.arrive_expect_tx(T::kQTileBytes);
-#pragma unroll
-      for (int b = 0; b < T::kColBlocks; ++b) {
-        tma_load(&args.q, &smem.q_full.word, smem.q + b * kBlockM * kSwizzleCols,
-                 b * kSwizzleCols, tile.m_block * kBlockM, tile.head, tile.batch);
+  // The loads of this CTA's tiles, one at a time: for every tile K and V of
+  // each key block (the last block first) through the ring, and Q right after
+  // the tile's first K, whose load then overlaps the previous tile's epilogue.
+  enum class LoadStep { kK, kQ, kV };
+  struct LoadCursor {
+    int index;      // the tile's scheduler index
+    int tile_iter;  // this CTA's tiles before it (the parity of the Q barriers)
+    Tile tile;
+    int n_block_end;
+    int n;  // the key block being loaded
+    LoadStep step;
+    Pipeline pipe;
+  };
+
+  const TileScheduler& scheduler;
+  const Mask<kBlockM, kBlockN, kCausal>& mask;
+  LoadCursor loads;  // without warp specialization: consumer thread 0's loads
+
+  __device__ void start_tile(LoadCursor& c) const {
+    if (scheduler.valid(c.index)) {
+      c.tile = scheduler.tile<kCausal>(c.index);
+      c.n_block_end = mask.n_block_end(c.tile.m_block);
+      c.n = c.n_block_end - 1;
+      c.step = c.n_block_end <= 0 ? LoadStep::kQ : LoadStep::kK;
+    }
+  }
+  __device__ LoadCursor first_load() const {
+    LoadCursor c{scheduler.first<kCausal>(), 0};
+    start_tile(c);
+    return c;
+  }
+
+  // Issues the cursor's next load and moves it on. Returns false when every
+  // tile is loaded or, if !kBlocking, when the load's buffer is not free yet
+  // (the caller tries again later).
+  template <bool kBlocking>
+  __device__ bool load_next(LoadCursor& c) {
+    auto acquire = [](Mbarrier& empty, uint32_t parity) {
+      if constexpr (kBlocking) {
+        empty.wait(parity);
+        return true;
+      } else {
+        return empty.test_wait(parity);
       }
     };
-    if (n_block_end <= 0) {
-      load_q();
+    if (!scheduler.valid(c.index)) {
+      return false;
     }
-    for (int n = n_block_end - 1; n >= 0; --n) {
-      load_k(pipe, n, head_kv, tile.batch);
-      if (n == n_block_end - 1) {
-        load_q();  // after the first K, whose load then overlaps the previous epilogue
-      }
-      load_v(pipe, n, head_kv, tile.batch);
-      pipe.advance();
+    const int head_kv = c.tile.head / args.heads_per_kv_head;
+    switch (c.step) {
+      case LoadStep::kQ:
+        // The previous tile's Q K^T GEMMs (and O staged in Q) are done with it.
+        if (c.tile_iter > 0 && !acquire(smem.q_empty, (c.tile_iter - 1) & 1)) {
+          return false;
+        }
+        load_q(c.tile);
+        c.step = LoadStep::kV;
+        break;
+      case LoadStep::kK:
+        // The first pass over the ring finds every stage free.
+        if (!acquire(smem.k_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
+          return false;
+        }
+        load_k(c.pipe, c.n, head_kv, c.tile.batch);
+        c.step = c.n == c.n_block_end - 1 ? LoadStep::kQ : LoadStep::kV;
+        break;
+      case LoadStep::kV:
+        if (!acquire(smem.v_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
+          return false;
+        }
+        load_v(c.pipe, c.n, head_kv, c.tile.batch);
+        c.pipe.advance();
+        --c.n;
+        c.step = LoadStep::kK;
+        break;
+    }
+    if (c.n < 0 && c.step != LoadStep::kQ) {  // the tile is loaded
+      c.index = scheduler.next<kCausal>(c.index);
+      ++c.tile_iter;
+      start_tile(c);
+    }
+    return true;
+  }
+
+  __device__ void load_q(const Tile& tile) {
+    smem.q_full.arrive_expect_tx(T::kQTileBytes);
+#pragma unroll
+    for (int b = 0; b < T::kColBlocks; ++b) {
+      tma_load(&args.q, &smem.q_full.word, smem.q + b * kBlockM * kSwizzleCols,
+               b * kSwizzleCols, tile.m_block * kBlockM, tile.head, tile.batch);
     }
   }
 
@@ -101,7 +165,6 @@ struct Mainloop {
   // layout) is kHeadDim rows of kBlockN keys.
   __device__ void load_k(const Pipeline& pipe, int n_block, int head_kv, int batch) {
     Mbarrier& full = smem.k_full[pipe.stage];
-    smem.k_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds every stage free
     full.arrive_expect_tx(T::kKVTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
@@ -111,7 +174,6 @@ struct Mainloop {
   }
   __device__ void load_v(const Pipeline& pipe, int n_block, int head_kv, int batch) {
     Mbarrier& full = smem.v_full[pipe.stage];
-    smem.v_empty[pipe.stage].wait(pipe.phase ^ 1u);
     full.arrive_expect_tx(T::kKVTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kVColBlocks; ++b) {
@@ -123,6 +185,37 @@ struct Mainloop {
                  b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
       }
     }
+  }
+
+  // The producer warp's whole job.
+  __device__ void load_all() {
+    LoadCursor c = first_load();
+    while (load_next<true>(c)) {
+    }
+  }
+
+  // Without warp specialization (ablation), consumer thread 0 issues every
+  // load whose buffer is free after it frees a stage, and keeps issuing while
+  // it waits for data.
+  __device__ void issue_ready_loads() {
+    if constexpr (!T::kWarpSpecialized) {
+      if (threadIdx.x == 0) {
+        while (load_next<false>(loads)) {
+        }
+      }
+      __syncwarp();
+    }
+  }
+  __device__ void wait_full(Mbarrier& full, uint32_t parity) {
+    if constexpr (!T::kWarpSpecialized) {
+      if (threadIdx.x == 0) {
+        while (!full.test_wait(parity)) {
+          load_next<false>(loads);
+        }
+      }
+      __syncwarp();
+    }
+    full.wait(parity);
   }
 
   // ---------------------------------------------------------------- consumer (one warpgroup)
@@ -232,7 +325,7 @@ struct Mainloop {
     if constexpr (T::kFp8) {
       // Rows past seqlen (a warpgroup's rows in a ragged last tile) take the last block.
       return __ldg(d.data + (static_cast<int64_t>(batch) * heads + head) * d.blocks_per_head +
-                   min(row / d.block_rows, d.blocks_per_head - 1));
+                   min(d.by_block_rows.divide(row), d.blocks_per_head - 1));
     } else {
       return 1.0f;
     }
@@ -249,7 +342,6 @@ struct Mainloop {
   __device__ void compute(const Tile& tile, int n_block_end, int warpgroup, Pipeline& pipe,
                           int tile_iter, float (&o)[T::kOAccRegs], Softmax& softmax,
                           float& o_units) {
-    const Mask<kBlockM, kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
     const FragmentCoord c = FragmentCoord::current();
     const int row0 = tile.m_block * kBlockM + warpgroup * kMmaM + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
@@ -272,7 +364,7 @@ struct Mainloop {
       softmax.step(s, rescale, T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2);
     };
 
-    smem.q_full.wait(tile_iter & 1);
+    wait_full(smem.q_full, tile_iter & 1);
     if (n_block_end <= 0) {
       release_q();
       return;
@@ -284,12 +376,13 @@ struct Mainloop {
     {
       float s[T::kSAccRegs];
       wait_for_turn(warpgroup);
-      smem.k_full[k_pipe.stage].wait(k_pipe.phase);
+      wait_full(smem.k_full[k_pipe.stage], k_pipe.phase);
       gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
       pass_turn(warpgroup);
       mma_wait<0>();
       fence_operands(s);
       smem.k_empty[k_pipe.stage].arrive();
+      issue_ready_loads();
       if (n_block_end == 1) {
         release_q();
       }
@@ -305,10 +398,10 @@ struct Mainloop {
     for (int n = n_block_end - 2; n >= 0; --n) {
       float s[T::kSAccRegs];
       wait_for_turn(warpgroup);
-      smem.k_full[k_pipe.stage].wait(k_pipe.phase);
+      wait_full(smem.k_full[k_pipe.stage], k_pipe.phase);
       gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
       rescale_for_next_pv(o, rescale, o_units, p_units);
-      smem.v_full[v_pipe.stage].wait(v_pipe.phase);
+      wait_full(smem.v_full[v_pipe.stage], v_pipe.phase);
       gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
       pass_turn(warpgroup);
       if constexpr (!T::kIntraWgOverlap) {
@@ -317,6 +410,7 @@ struct Mainloop {
       mma_wait<1>();  // S_n is ready; the PV GEMM may still run
       fence_operands(s);
       smem.k_empty[k_pipe.stage].arrive();
+      issue_ready_loads();
       if (n == 0) {
         release_q();
       }
@@ -327,16 +421,18 @@ struct Mainloop {
       mma_wait<0>();
       fence_operands(o);
       smem.v_empty[v_pipe.stage].arrive();
+      issue_ready_loads();
       scores_to_p(s, p);
       v_pipe = k_pipe;
       k_pipe.advance();
     }
     rescale_for_next_pv(o, rescale, o_units, p_units);
-    smem.v_full[v_pipe.stage].wait(v_pipe.phase);
+    wait_full(smem.v_full[v_pipe.stage], v_pipe.phase);
     gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
     mma_wait<0>();
     fence_operands(o);
     smem.v_empty[v_pipe.stage].arrive();
+    issue_ready_loads();
   }
 
   // The tile's last Q K^T GEMM is done: free the Q tile here if
@@ -353,7 +449,7 @@ struct Mainloop {
   __device__ static void rescale_for_next_pv(float (&o)[T::kOAccRegs], float (&rescale)[2],
                                              float& o_units, float p_units) {
     if constexpr (T::kFp8) {
-      const float units = o_units / p_units;
+      const float units = __fdividef(o_units, p_units);  // no IEEE division in the loop
       rescale[0] *= units;
       rescale[1] *= units;
       o_units = p_units;

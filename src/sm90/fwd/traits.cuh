@@ -65,7 +65,12 @@ struct TileConfigFp8<256, kCausal> {
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
-// is worth; the default build has both techniques on.
+// is worth; the default build has all three on.
+#if defined(FLASH3_ABLATE_WARP_SPECIALIZATION)
+inline constexpr bool kWarpSpecializationEnabled = false;
+#else
+inline constexpr bool kWarpSpecializationEnabled = true;
+#endif
 #if defined(FLASH3_ABLATE_PINGPONG)
 inline constexpr bool kPingPongEnabled = false;
 #else
@@ -115,11 +120,16 @@ struct Traits {
   // A warpgroup's softmax of block n runs under its PV GEMM of block n+1.
   static constexpr bool kIntraWgOverlap = kIntraWgOverlapEnabled;
 
-  // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma + softmax).
+  // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
+  // softmax). Without warp specialization (ablation only) there is no
+  // producer: consumer thread 0 issues the loads in between its own work
+  // (kernel.cuh), and no registers move between warpgroups.
+  static constexpr bool kWarpSpecialized = kWarpSpecializationEnabled;
   static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kProducerWarpgroups = kWarpSpecialized ? 1 : 0;
   static constexpr int kConsumerWarpgroups = kBlockM / kMmaM;
   static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
-  static constexpr int kThreads = kWarpgroupThreads + kConsumerThreads;
+  static constexpr int kThreads = kProducerWarpgroups * kWarpgroupThreads + kConsumerThreads;
 
   // setmaxnreg budgets: 65536 registers per SM, one CTA per SM; the producer
   // needs only addresses, the consumers hold S, P and O and share the rest
@@ -135,11 +145,13 @@ struct Traits {
   // until the producer's release covers the consumers' growth, so a release
   // that falls short hangs the kernel (seen on the H200 with a producer at 32).
   static constexpr int kLaunchRegisters = kRegistersPerSm / kThreads / 8 * 8;
-  static_assert((kLaunchRegisters - kProducerRegisters) * kWarpgroupThreads >=
-                    (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
+  static_assert(!kWarpSpecialized ||
+                    (kLaunchRegisters - kProducerRegisters) * kWarpgroupThreads >=
+                        (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
                 "setmaxnreg: the producer must release what the consumers take");
-  static_assert(kProducerRegisters * kWarpgroupThreads +
-                    kConsumerRegisters * kConsumerThreads <= kRegistersPerSm,
+  static_assert(!kWarpSpecialized || kProducerRegisters * kWarpgroupThreads +
+                                             kConsumerRegisters * kConsumerThreads <=
+                                         kRegistersPerSm,
                 "register budget exceeds the SM");
 
   // Operand tiles: rows of kSwizzleRowBytes in column blocks of kSwizzleCols
