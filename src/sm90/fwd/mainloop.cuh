@@ -76,6 +76,7 @@ struct Mainloop {
     int index;      // the tile's scheduler index
     int tile_iter;  // this CTA's tiles before it (the parity of the Q barriers)
     Tile tile;
+    int head_kv;  // the K/V head of tile.head (GQA)
     int n_block_end;
     int n;  // the key block being loaded
     LoadStep step;
@@ -89,6 +90,7 @@ struct Mainloop {
   __device__ void start_tile(LoadCursor& c) const {
     if (scheduler.valid(c.index)) {
       c.tile = scheduler.tile<kCausal>(c.index);
+      c.head_kv = c.tile.head / args.heads_per_kv_head;
       c.n_block_end = mask.n_block_end(c.tile.m_block);
       c.n = c.n_block_end - 1;
       c.step = c.n_block_end <= 0 ? LoadStep::kQ : LoadStep::kK;
@@ -116,7 +118,6 @@ struct Mainloop {
     if (!scheduler.valid(c.index)) {
       return false;
     }
-    const int head_kv = c.tile.head / args.heads_per_kv_head;
     switch (c.step) {
       case LoadStep::kQ:
         // The previous tile's Q K^T GEMMs (and O staged in Q) are done with it.
@@ -131,14 +132,14 @@ struct Mainloop {
         if (!acquire(smem.k_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
           return false;
         }
-        load_k(c.pipe, c.n, head_kv, c.tile.batch);
+        load_k(c.pipe, c.n, c.head_kv, c.tile.batch);
         c.step = c.n == c.n_block_end - 1 ? LoadStep::kQ : LoadStep::kV;
         break;
       case LoadStep::kV:
         if (!acquire(smem.v_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
           return false;
         }
-        load_v(c.pipe, c.n, head_kv, c.tile.batch);
+        load_v(c.pipe, c.n, c.head_kv, c.tile.batch);
         c.pipe.advance();
         --c.n;
         c.step = LoadStep::kK;
