@@ -121,11 +121,12 @@ fmt_duration() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 flash3_bench_args() {
   local commit
   [[ "${1:-}" != quick ]] || printf '%s\n' --dtype bf16 --seqlen 1024,8192
-  # A copied tree (the GPU machine) has no .git: FLASH3_COMMIT names the commit.
-  if commit="$(git -C "$FLASH3_ROOT" rev-parse --short HEAD 2>/dev/null)"; then
+  # FLASH3_COMMIT names the commit of a copied tree (the GPU machine), whose
+  # .git, if any, need not be the build's (one was seen at an older commit).
+  if [[ -n "${FLASH3_COMMIT:-}" ]]; then
+    commit="$FLASH3_COMMIT"
+  elif commit="$(git -C "$FLASH3_ROOT" rev-parse --short HEAD 2>/dev/null)"; then
     commit="$commit$(git -C "$FLASH3_ROOT" diff --quiet HEAD 2>/dev/null || echo +dirty)"
-  else
-    commit="${FLASH3_COMMIT:-}"
   fi
   [[ -z "$commit" ]] || printf '%s\n' --commit "$commit"
   return 0
