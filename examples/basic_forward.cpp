@@ -6,35 +6,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <random>
 #include <vector>
 
 #include <cuda_runtime.h>
 
+#include "example_util.hpp"
 #include "flash3/flash3.hpp"
-
-#define CUDA_CHECK(call)                                                              \
-  do {                                                                                \
-    cudaError_t err_ = (call);                                                        \
-    if (err_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(err_));       \
-      return 1;                                                                       \
-    }                                                                                 \
-  } while (0)
-
-// bfloat16 is the upper half of a float32 (rounded to nearest even).
-uint16_t to_bf16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  return static_cast<uint16_t>((bits + 0x7fff + ((bits >> 16) & 1)) >> 16);
-}
-float from_bf16(uint16_t h) {
-  uint32_t bits = uint32_t{h} << 16;
-  float x;
-  std::memcpy(&x, &bits, 4);
-  return x;
-}
 
 int main() {
   const int batch = 2, seqlen = 1000, heads_q = 16, heads_k = 4, headdim = 128;
@@ -43,20 +20,9 @@ int main() {
   const size_t lse_elems = size_t{1} * batch * heads_q * seqlen;
 
   // Random N(0, 1) inputs on the host.
-  std::mt19937 rng(2024);
-  std::normal_distribution<float> normal;
   std::vector<uint16_t> q(q_elems), k(kv_elems), v(kv_elems), out(q_elems);
-  for (std::vector<uint16_t>* t : {&q, &k, &v}) {
-    for (uint16_t& x : *t) x = to_bf16(normal(rng));
-  }
-
-  // On a GPU that is not a Hopper, flash3::forward returns kNoDevice and says
-  // why; with no GPU at all, cudaMalloc would fail first, less clearly.
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "no CUDA device: flash3 needs a Hopper GPU (H100, H200)\n");
-    return 1;
-  }
+  fill_normal_bf16({&q, &k, &v}, 2024);
+  if (!have_cuda_device()) return 1;
   void *dq, *dk, *dv, *dout;
   float* dlse;
   CUDA_CHECK(cudaMalloc(&dq, q_elems * 2));
