@@ -123,7 +123,8 @@ struct Traits {
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
   // softmax). Without warp specialization (ablation only) there is no
   // producer: consumer thread 0 issues the loads in between its own work
-  // (kernel.cuh), and no registers move between warpgroups.
+  // (Mainloop::issue_ready_loads, wait_full), and no registers move between
+  // warpgroups.
   static constexpr bool kWarpSpecialized = kWarpSpecializationEnabled;
   static constexpr int kWarpgroupThreads = 128;
   static constexpr int kProducerWarpgroups = kWarpSpecialized ? 1 : 0;
