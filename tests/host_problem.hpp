@@ -55,9 +55,13 @@ struct HostProblem {
   float* lse = reinterpret_cast<float*>(lse_buffer.data());
   ForwardOptions options{true, 0.0f};
 
-  Status forward() const { return flash3::forward(q, k, v, out, lse, options, nullptr); }
+  Status call() const { return flash3::forward(q, k, v, out, lse, options, nullptr); }
 
   flash3_forward_args c_args() const { return to_c_args(q, k, v, out, lse, options); }
+  flash3_status c_call() const {
+    const flash3_forward_args args = c_args();
+    return flash3_forward(&args, nullptr);
+  }
 
   bool untouched() const {
     return q_buffer.untouched() && k_buffer.untouched() && v_buffer.untouched() &&
@@ -87,9 +91,13 @@ struct HostQuantizeProblem {
   float* descale = reinterpret_cast<float*>(descale_buffer.data());
   QuantizeOptions options{kBlockRows, true, 7};
 
-  Status quantize() const { return flash3::quantize_fp8(x, x_fp8, descale, options, nullptr); }
+  Status call() const { return flash3::quantize_fp8(x, x_fp8, descale, options, nullptr); }
 
   flash3_quantize_args c_args() const { return to_c_args(x, x_fp8, descale, options); }
+  flash3_status c_call() const {
+    const flash3_quantize_args args = c_args();
+    return flash3_quantize_fp8(&args, nullptr);
+  }
 
   bool untouched() const {
     return x_buffer.untouched() && x_fp8_buffer.untouched() && descale_buffer.untouched();
@@ -136,12 +144,16 @@ struct HostFp8Problem {
                        {reinterpret_cast<float*>(v_scale_buffer.data()), kVBlockRows}};
   ForwardOptions options{true, 0.0f};
 
-  Status forward() const {
+  Status call() const {
     return flash3::forward_fp8(q, k, v, out, lse, descales, options, nullptr);
   }
 
   flash3_forward_fp8_args c_args() const {
     return to_c_args(q, k, v, out, lse, descales, options);
+  }
+  flash3_status c_call() const {
+    const flash3_forward_fp8_args args = c_args();
+    return flash3_forward_fp8(&args, nullptr);
   }
 
   bool untouched() const {
@@ -169,9 +181,13 @@ struct HostFp8VLayoutProblem {
       Tensor::contiguous(v_buffer.data(), DType::kFloat8E4M3, kBatch, kSeqlen, kHeads, kHeadDim);
   Fp8V v_out{v_out_buffer.data(), kBatch, kSeqlen, kHeads, kHeadDim};
 
-  Status layout() const { return flash3::fp8_v_layout(v, v_out, nullptr); }
+  Status call() const { return flash3::fp8_v_layout(v, v_out, nullptr); }
 
   flash3_fp8_v_layout_args c_args() const { return to_c_args(v, v_out); }
+  flash3_status c_call() const {
+    const flash3_fp8_v_layout_args args = c_args();
+    return flash3_fp8_v_layout(&args, nullptr);
+  }
 
   bool untouched() const { return v_buffer.untouched() && v_out_buffer.untouched(); }
 };

@@ -74,7 +74,7 @@ TEST(CAbi, VersionMatchesTheHeader) {
 TEST(NoDevice, ValidCallSaysSo) {
   skip_if_gpu_present();
   HostProblem p;
-  const Status s = p.forward();
+  const Status s = p.call();
   EXPECT_EQ(s.code, StatusCode::kNoDevice) << s.message;
   EXPECT_PRED_FORMAT2(::testing::IsSubstring, kNoDeviceMessage, s.message);
   EXPECT_TRUE(p.untouched());

@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "host_problem.hpp"
+#include "invalid_case.hpp"
 
 namespace flash3::test {
 namespace {
@@ -44,14 +44,7 @@ float* scales_at(void* base, size_t bytes) {
 
 // ---------------------------------------------------------------- forward_fp8
 
-struct InvalidFp8Case {
-  const char* name;
-  void (*mutate)(P&);
-  Code code;
-  const char* message;  // must appear in the status message
-};
-
-std::ostream& operator<<(std::ostream& os, const InvalidFp8Case& c) { return os << c.name; }
+using InvalidFp8Case = InvalidCase<P>;
 
 const InvalidFp8Case kFp8Cases[] = {
     {"NullQ", [](P& p) { p.q.data = nullptr; }, Code::kInvalidArgument,
@@ -182,26 +175,11 @@ const InvalidFp8Case kFp8Cases[] = {
 
 class InvalidForwardFp8 : public ::testing::TestWithParam<InvalidFp8Case> {};
 
-TEST_P(InvalidForwardFp8, IsRefusedBeforeTouchingMemory) {
-  P p;
-  GetParam().mutate(p);
-  const Status s = p.forward();
-  EXPECT_EQ(s.code, GetParam().code) << s.message;
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, s.message);
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidForwardFp8, IsRefusedBeforeTouchingMemory) { expect_refused(GetParam()); }
 
-TEST_P(InvalidForwardFp8, IsRefusedThroughTheCAbi) {
-  P p;
-  GetParam().mutate(p);
-  const flash3_forward_fp8_args args = p.c_args();
-  EXPECT_EQ(flash3_forward_fp8(&args, nullptr), static_cast<flash3_status>(GetParam().code));
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, flash3_last_error());
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidForwardFp8, IsRefusedThroughTheCAbi) { expect_refused_through_c_abi(GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(Cases, InvalidForwardFp8, ::testing::ValuesIn(kFp8Cases),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidForwardFp8, ::testing::ValuesIn(kFp8Cases), CaseName{});
 
 TEST(ForwardFp8CAbi, NullArgsAreRefused) {
   EXPECT_EQ(flash3_forward_fp8(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
@@ -250,8 +228,8 @@ class ValidForwardFp8 : public ::testing::TestWithParam<void (*)(P&)> {};
 TEST_P(ValidForwardFp8, PassesValidation) {
   P p;
   GetParam()(p);
-  expect_passes_validation(p.forward(), "q.data");
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::forward_fp8", p.forward().message);
+  expect_passes_validation(p.call(), "q.data");
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::forward_fp8", p.call().message);
   EXPECT_TRUE(p.untouched());
 }
 
@@ -290,14 +268,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---------------------------------------------------------------- fp8_v_layout
 
-struct InvalidLayoutCase {
-  const char* name;
-  void (*mutate)(L&);
-  Code code;
-  const char* message;
-};
-
-std::ostream& operator<<(std::ostream& os, const InvalidLayoutCase& c) { return os << c.name; }
+using InvalidLayoutCase = InvalidCase<L>;
 
 const InvalidLayoutCase kLayoutCases[] = {
     {"NullV", [](L& p) { p.v.data = nullptr; }, Code::kInvalidArgument,
@@ -345,26 +316,11 @@ const InvalidLayoutCase kLayoutCases[] = {
 
 class InvalidFp8VLayout : public ::testing::TestWithParam<InvalidLayoutCase> {};
 
-TEST_P(InvalidFp8VLayout, IsRefusedBeforeTouchingMemory) {
-  L p;
-  GetParam().mutate(p);
-  const Status s = p.layout();
-  EXPECT_EQ(s.code, GetParam().code) << s.message;
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, s.message);
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidFp8VLayout, IsRefusedBeforeTouchingMemory) { expect_refused(GetParam()); }
 
-TEST_P(InvalidFp8VLayout, IsRefusedThroughTheCAbi) {
-  L p;
-  GetParam().mutate(p);
-  const flash3_fp8_v_layout_args args = p.c_args();
-  EXPECT_EQ(flash3_fp8_v_layout(&args, nullptr), static_cast<flash3_status>(GetParam().code));
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, flash3_last_error());
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidFp8VLayout, IsRefusedThroughTheCAbi) { expect_refused_through_c_abi(GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(Cases, InvalidFp8VLayout, ::testing::ValuesIn(kLayoutCases),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidFp8VLayout, ::testing::ValuesIn(kLayoutCases), CaseName{});
 
 TEST(Fp8VLayoutCAbi, NullArgsAreRefused) {
   EXPECT_EQ(flash3_fp8_v_layout(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
@@ -388,7 +344,7 @@ class ValidFp8VLayout : public ::testing::TestWithParam<void (*)(L&)> {};
 TEST_P(ValidFp8VLayout, PassesValidation) {
   L p;
   GetParam()(p);
-  const Status s = p.layout();
+  const Status s = p.call();
   expect_passes_validation(s, "v.data");
   EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::fp8_v_layout", s.message);
   EXPECT_TRUE(p.untouched());

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "host_problem.hpp"
+#include "invalid_case.hpp"
 
 namespace flash3::test {
 namespace {
@@ -26,14 +26,7 @@ void set_headdim_both(P& p, int64_t headdim) {
   }
 }
 
-struct InvalidQuantizeCase {
-  const char* name;
-  void (*mutate)(P&);
-  Code code;
-  const char* message;  // must appear in the status message
-};
-
-std::ostream& operator<<(std::ostream& os, const InvalidQuantizeCase& c) { return os << c.name; }
+using InvalidQuantizeCase = InvalidCase<P>;
 
 const InvalidQuantizeCase kCases[] = {
     {"NullX", [](P& p) { p.x.data = nullptr; }, Code::kInvalidArgument,
@@ -106,26 +99,11 @@ const InvalidQuantizeCase kCases[] = {
 
 class InvalidQuantize : public ::testing::TestWithParam<InvalidQuantizeCase> {};
 
-TEST_P(InvalidQuantize, IsRefusedBeforeTouchingMemory) {
-  P p;
-  GetParam().mutate(p);
-  const Status s = p.quantize();
-  EXPECT_EQ(s.code, GetParam().code) << s.message;
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, s.message);
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidQuantize, IsRefusedBeforeTouchingMemory) { expect_refused(GetParam()); }
 
-TEST_P(InvalidQuantize, IsRefusedThroughTheCAbi) {
-  P p;
-  GetParam().mutate(p);
-  const flash3_quantize_args args = p.c_args();
-  EXPECT_EQ(flash3_quantize_fp8(&args, nullptr), static_cast<flash3_status>(GetParam().code));
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, flash3_last_error());
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidQuantize, IsRefusedThroughTheCAbi) { expect_refused_through_c_abi(GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(Cases, InvalidQuantize, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidQuantize, ::testing::ValuesIn(kCases), CaseName{});
 
 TEST(QuantizeCAbi, NullArgsAreRefused) {
   EXPECT_EQ(flash3_quantize_fp8(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
@@ -146,7 +124,7 @@ class ValidQuantize : public ::testing::TestWithParam<void (*)(P&)> {};
 TEST_P(ValidQuantize, PassesValidation) {
   P p;
   GetParam()(p);
-  const Status s = p.quantize();
+  const Status s = p.call();
   const StatusCode expected = cuda_device_count() > 0 ? Code::kInvalidArgument : Code::kNoDevice;
   EXPECT_EQ(s.code, expected) << s.message;
   const char* expected_message =

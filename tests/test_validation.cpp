@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "host_problem.hpp"
+#include "invalid_case.hpp"
 
 namespace flash3::test {
 namespace {
@@ -31,16 +31,9 @@ void set_headdim_all(HostProblem& p, int64_t headdim) {
   }
 }
 
-struct InvalidCase {
-  const char* name;
-  void (*mutate)(HostProblem&);
-  Code code;
-  const char* message;  // must appear in the status message
-};
+using InvalidForwardCase = InvalidCase<HostProblem>;
 
-std::ostream& operator<<(std::ostream& os, const InvalidCase& c) { return os << c.name; }
-
-const InvalidCase kCases[] = {
+const InvalidForwardCase kCases[] = {
     {"NullQ", [](HostProblem& p) { p.q.data = nullptr; }, Code::kInvalidArgument, "q.data is null"},
     {"NullK", [](HostProblem& p) { p.k.data = nullptr; }, Code::kInvalidArgument, "k.data is null"},
     {"NullV", [](HostProblem& p) { p.v.data = nullptr; }, Code::kInvalidArgument, "v.data is null"},
@@ -131,28 +124,13 @@ const InvalidCase kCases[] = {
      Code::kInvalidArgument, "batch * heads_q = 4294967296 exceeds 2^31-1"},
 };
 
-class InvalidForward : public ::testing::TestWithParam<InvalidCase> {};
+class InvalidForward : public ::testing::TestWithParam<InvalidForwardCase> {};
 
-TEST_P(InvalidForward, IsRefusedBeforeTouchingMemory) {
-  HostProblem p;
-  GetParam().mutate(p);
-  const Status s = p.forward();
-  EXPECT_EQ(s.code, GetParam().code) << s.message;
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, s.message);
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidForward, IsRefusedBeforeTouchingMemory) { expect_refused(GetParam()); }
 
-TEST_P(InvalidForward, IsRefusedThroughTheCAbi) {
-  HostProblem p;
-  GetParam().mutate(p);
-  const flash3_forward_args args = p.c_args();
-  EXPECT_EQ(flash3_forward(&args, nullptr), static_cast<flash3_status>(GetParam().code));
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, flash3_last_error());
-  EXPECT_TRUE(p.untouched());
-}
+TEST_P(InvalidForward, IsRefusedThroughTheCAbi) { expect_refused_through_c_abi(GetParam()); }
 
-INSTANTIATE_TEST_SUITE_P(Cases, InvalidForward, ::testing::ValuesIn(kCases),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidForward, ::testing::ValuesIn(kCases), CaseName{});
 
 // Strides of size-1 dimensions are never used: any value passes validation.
 TEST(ValidForward, IgnoresStridesOfSizeOneDimensions) {
@@ -161,7 +139,7 @@ TEST(ValidForward, IgnoresStridesOfSizeOneDimensions) {
     t->shape[1] = 1;
     t->stride[1] = -3;
   }
-  const Status s = p.forward();
+  const Status s = p.call();
   EXPECT_FALSE(s.ok());  // no device here, or host pointers on a GPU machine
   EXPECT_EQ(s.message.find("stride"), std::string::npos) << s.message;
   EXPECT_TRUE(p.untouched());

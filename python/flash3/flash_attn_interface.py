@@ -56,6 +56,12 @@ def _describe(name, t, q):
     return _lib.Tensor(t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape), t.stride())
 
 
+def _on_current_stream(call, args, device):
+    """A flash3 C call on `device`, ordered on PyTorch's current stream there."""
+    with torch.cuda.device(device):
+        call(args, torch.cuda.current_stream(device).cuda_stream)
+
+
 def _forward(q, k, v, softmax_scale, causal, out=None, softmax_lse=None):
     """One flash3_forward call on q's device and current stream; returns (out, softmax_lse).
 
@@ -75,8 +81,7 @@ def _forward(q, k, v, softmax_scale, causal, out=None, softmax_lse=None):
         0.0 if softmax_scale is None else softmax_scale,
         int(causal),
     )
-    with torch.cuda.device(q.device):
-        _lib.forward(args, torch.cuda.current_stream(q.device).cuda_stream)
+    _on_current_stream(_lib.forward, args, q.device)
     return out, softmax_lse
 
 
@@ -93,9 +98,7 @@ def _fp8_v_layout(v, q):
     padded = (seqlen + group - 1) // group * group
     buffer = torch.empty(batch * heads * headdim * padded, dtype=torch.uint8, device=v.device)
     layout = _lib.Fp8V(buffer.data_ptr(), batch, seqlen, heads, headdim)
-    with torch.cuda.device(v.device):
-        _lib.fp8_v_layout(_lib.Fp8VLayoutArgs(v_c, layout),
-                          torch.cuda.current_stream(v.device).cuda_stream)
+    _on_current_stream(_lib.fp8_v_layout, _lib.Fp8VLayoutArgs(v_c, layout), v.device)
     return layout, buffer
 
 
@@ -115,8 +118,7 @@ def _forward_fp8(q, k, v, descales, softmax_scale, causal, out_dtype):
         q_c, k_c, v_layout, _describe("out", out, q), _c_float_ptr(softmax_lse), *c_descales,
         0.0 if softmax_scale is None else softmax_scale, int(causal),
     )
-    with torch.cuda.device(q.device):
-        _lib.forward_fp8(args, torch.cuda.current_stream(q.device).cuda_stream)
+    _on_current_stream(_lib.forward_fp8, args, q.device)
     del v_buffer  # the stream-ordered allocator keeps it alive until the kernel is done
     return out, softmax_lse
 
@@ -223,8 +225,7 @@ def _quantize(x, block_rows, hadamard, seed):
         _describe("x", x, x), _describe("x_fp8", x_fp8, x), _c_float_ptr(descale), block_rows,
         int(hadamard), seed,
     )
-    with torch.cuda.device(x.device):
-        _lib.quantize_fp8(args, torch.cuda.current_stream(x.device).cuda_stream)
+    _on_current_stream(_lib.quantize_fp8, args, x.device)
     return x_fp8, descale
 
 

@@ -1,6 +1,7 @@
 #include "validate.hpp"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -88,11 +89,11 @@ Status e4m3_dtype(const char* name, DType dtype) {
 
 // q and k of the FP8 forward, and v of fp8_v_layout.
 Status fp8_input_dtype(const char* name, DType dtype) {
-  if (dtype != DType::kFloat8E4M3) {
-    return invalid(name, ".dtype is ", dtype_name(dtype), "; ", name,
-                   " must be float8_e4m3 (quantize_fp8 writes it)");
+  Status s = e4m3_dtype(name, dtype);
+  if (!s.ok()) {
+    s.message += " (quantize_fp8 writes it)";
   }
-  return Status{};
+  return s;
 }
 
 // Byte span [lo, hi) that a tensor's elements occupy; false if it overflows.
@@ -194,13 +195,6 @@ bool self_overlapping(const Tensor& t) {
   return false;
 }
 
-bool spans_intersect(const Tensor& a, const Tensor& b) {
-  uint64_t alo = 0, ahi = 0, blo = 0, bhi = 0;
-  byte_span(a, &alo, &ahi);
-  byte_span(b, &blo, &bhi);
-  return alo < bhi && blo < ahi;
-}
-
 // Byte span [lo, hi) of something already checked not to overflow.
 struct Span {
   uint64_t lo = 0;
@@ -215,13 +209,27 @@ Span span_of(const Tensor& t) {
 
 bool intersect(const Span& a, const Span& b) { return a.lo < b.hi && b.lo < a.hi; }
 
-bool supported_headdim(int64_t d) {
-  for (int s : kSupportedHeadDims) {
+bool spans_intersect(const Tensor& a, const Tensor& b) { return intersect(span_of(a), span_of(b)); }
+
+template <class T, size_t kN>
+bool one_of(const T (&set)[kN], int64_t d) {
+  for (T s : set) {
     if (d == s) {
       return true;
     }
   }
   return false;
+}
+
+bool supported_headdim(int64_t d) { return one_of(kSupportedHeadDims, d); }
+
+// The (batch, seqlen, heads, headdim) sizes of a validated tensor into params.
+template <class Params>
+void set_dims(const Tensor& t, Params* p) {
+  p->batch = static_cast<int>(t.shape[0]);
+  p->seqlen = static_cast<int>(t.shape[1]);
+  p->heads = static_cast<int>(t.shape[2]);
+  p->headdim = static_cast<int>(t.shape[3]);
 }
 
 // The `blocks_per_head` scales of each (batch, head) of x as a float32 tensor
@@ -426,10 +434,7 @@ Status check_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
   p.x_fp8 = x_fp8.data;
   p.descale = descale;
   p.dtype = x.dtype;
-  p.batch = static_cast<int>(x.shape[0]);
-  p.seqlen = static_cast<int>(x.shape[1]);
-  p.heads = static_cast<int>(x.shape[2]);
-  p.headdim = static_cast<int>(x.shape[3]);
+  set_dims(x, &p);
   p.x_stride = strides_of(x);
   p.x_fp8_stride = strides_of(x_fp8);
   p.block_rows = options.block_rows;
@@ -450,14 +455,7 @@ constexpr int64_t kFp8HeadDims[] = {128, 256};
 constexpr int kFp8QueryDescaleRows = 64;
 constexpr int kFp8KeyDescaleRows = 128;
 
-bool fp8_headdim(int64_t d) {
-  for (int64_t s : kFp8HeadDims) {
-    if (d == s) {
-      return true;
-    }
-  }
-  return false;
-}
+bool fp8_headdim(int64_t d) { return one_of(kFp8HeadDims, d); }
 
 // An Fp8V on its own: pointer, sizes, alignment, the layout's strides and
 // span (set in *span).
@@ -668,10 +666,7 @@ Status check_fp8_v_layout(const Tensor& v, const Fp8V& v_out, Fp8VLayoutParams* 
   Fp8VLayoutParams p;
   p.v = v.data;
   p.v_out = v_out.data;
-  p.batch = static_cast<int>(v.shape[0]);
-  p.seqlen = static_cast<int>(v.shape[1]);
-  p.heads = static_cast<int>(v.shape[2]);
-  p.headdim = static_cast<int>(v.shape[3]);
+  set_dims(v, &p);
   p.v_stride = strides_of(v);
   *params = p;
   return Status{};
