@@ -115,9 +115,17 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
 template <DType kDType, int kHeadDim>
 Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
   using sm90::fwd::Traits;
-  if constexpr (kHeadDim == 64) {
-    if (p.causal && p.seqlen_q <= sm90::fwd::kShortCausalMaxSeqlen) {
+  // The short-sequence variants (traits.cuh), where a head dim has them.
+  constexpr int kShortCausal = sm90::fwd::kShortMaxSeqlen<kHeadDim, true>;
+  constexpr int kShortNonCausal = sm90::fwd::kShortMaxSeqlen<kHeadDim, false>;
+  if constexpr (kShortCausal > 0) {
+    if (p.causal && p.seqlen_q <= kShortCausal) {
       return launch_variant<Traits<kDType, kHeadDim, true, kDType, true>, true>(p, stream);
+    }
+  }
+  if constexpr (kShortNonCausal > 0) {
+    if (!p.causal && p.seqlen_q <= kShortNonCausal) {
+      return launch_variant<Traits<kDType, kHeadDim, false, kDType, true>, false>(p, stream);
     }
   }
   return p.causal ? launch_variant<Traits<kDType, kHeadDim, true>, true>(p, stream)

@@ -12,16 +12,20 @@
 
 namespace flash3::sm90::fwd {
 
-// kShort: the variant for short causal sequences (launch.cuh picks it by
-// seqlen_q); only head dim 64 has one.
+// kShort: the variant for short sequences, which launch.cuh takes for
+// seqlen_q up to kShortMaxSeqlen<kHeadDim, kCausal> (0: none).
 template <int kHeadDim, bool kCausal, bool kShort>
 struct TileConfig;
+template <int kHeadDim, bool kCausal>
+inline constexpr int kShortMaxSeqlen = 0;
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
 // kBlockN: key rows per pipeline stage; the S accumulator is kBlockN/2 floats
 //          per thread, P kBlockN/4 registers, O kHeadDim/2 floats.
 // kStages: depth of the K and V rings.
-// Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D.
+// kOStore: how O leaves (epilogue.cuh; Traits::kOStore has the measurements).
+// Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D, plus
+// an O tile of kBlockM x D if kOStore is kSeparateTile.
 template <bool kCausal, bool kShort>
 struct TileConfig<64, kCausal, kShort> {
   // O is only 32 registers, so three consumer warpgroups (192 query rows)
@@ -29,23 +33,45 @@ struct TileConfig<64, kCausal, kShort> {
   // K/V, so a deeper ring is free. Short causal sequences take 128 rows (two
   // consumer warpgroups): fewer rows wasted on the diagonal and more tiles to
   // balance. H200, bf16, same run, 192 vs 128 rows: 1k 237 vs 266, 2k 280 vs
-  // 332, 4k 421 vs 379, 16k 500 vs 425 TFLOP/s.
+  // 332, 4k 421 vs 379, 16k 500 vs 425 TFLOP/s. Not non-causal: 128 rows
+  // lose at every length (512 363 -> 340, 2k 495 -> 426).
   static constexpr int kBlockM = kShort ? 128 : 192, kBlockN = 128, kStages = 3;
+  static constexpr OStore kOStore = OStore::kDirect;
 };
-inline constexpr int kShortCausalMaxSeqlen = 2048;  // seqlen_q up to this: kShort tiles
+template <>
+inline constexpr int kShortMaxSeqlen<64, true> = 2048;
 template <bool kCausal, bool kShort>
 struct TileConfig<128, kCausal, kShort> {
-  // Non-causal: 176 keys per block amortise the softmax and barrier cost over
-  // more GEMM work (S 88 + P 44 + O 64 registers); causal keeps 128 so that
-  // the diagonal blocks waste less. 32 KB Q + 4 x 44 KB K/V = 208 KB.
-  static constexpr int kBlockM = 128, kBlockN = kCausal ? 128 : 176, kStages = 2;
+  // Long non-causal: 176 keys per block amortise the softmax and barrier cost
+  // over more GEMM work (S 88 + P 44 + O 64 registers); 32 KB Q + 4 x 44 KB
+  // K/V = 208 KB, O staged in the Q tile. Causal and short: 128 keys (fewer
+  // wasted on the diagonal and past seqlen), which leaves room for an O tile
+  // of its own, so Q frees after the tile's last Q K^T GEMM and the next
+  // tile's Q load overlaps this tile's last PV GEMM and epilogue:
+  // 32 KB Q + 32 KB O + 4 x 32 KB K/V = 192 KB. H200, bf16, same run, two
+  // rounds (TFLOP/s), O in Q and 176 / 128 keys -> O apart and 128 keys:
+  // causal 512 254 -> 296, 1k 358 -> 397, 2k 449 -> 480, 4k 525 -> 541,
+  // 16k 583 -> 585; non-causal 512 437 -> 499, 1k 541 -> 575, 2k 610 ->
+  // 619, 4k 645 -> 641, 8k 645 -> 588: short below 4k.
+  static constexpr bool kOApart = kCausal || kShort;
+  static constexpr int kBlockM = 128, kBlockN = kOApart ? 128 : 176, kStages = 2;
+  static constexpr OStore kOStore = kOApart ? OStore::kSeparateTile : OStore::kInQTile;
 };
+template <>
+inline constexpr int kShortMaxSeqlen<128, false> = 2048;
 template <bool kCausal, bool kShort>
 struct TileConfig<256, kCausal, kShort> {
   // O alone takes 128 registers per thread, so S stays at 80 columns
-  // (40 regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits.
-  static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
+  // (40 regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits. Short
+  // causal sequences take 64 keys (less waste on the diagonal): H200, bf16,
+  // same run, two rounds, 80 -> 64 keys: causal 512 295, 274 -> 305, 309;
+  // 1k 432, 401 -> 432, 439; 2k equal; 4k 653, 595 -> 611, 584. Non-causal
+  // loses from 1k (608 -> 573).
+  static constexpr int kBlockM = 128, kBlockN = kShort ? 64 : 80, kStages = 2;
+  static constexpr OStore kOStore = OStore::kInQTile;
 };
+template <>
+inline constexpr int kShortMaxSeqlen<256, true> = 1024;
 
 // FP8 (e4m3) inputs: the GEMMs run at twice the rate, so a key block costs
 // half as long, and the ring needs more depth or larger blocks to keep up.
@@ -57,11 +83,13 @@ template <bool kCausal>
 struct TileConfigFp8<128, kCausal> {
   // 16 KB Q + 32 KB O + 4 x 2 x 16 KB K/V = 176 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4;
+  static constexpr OStore kOStore = OStore::kSeparateTile;
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> {
   // 32 KB Q + 64 KB O + 2 x 2 x 32 KB K/V = 224 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr OStore kOStore = OStore::kSeparateTile;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -172,24 +200,24 @@ struct Traits {
   // tile is kHeadDim rows of kBlockN keys in kBlockN / 128 column blocks;
   // O gets its own staging tile.
   static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kColBlocks;
-  // How O leaves (epilogue.cuh): straight from registers (4-byte global
-  // stores), staged in the warpgroup's rows of the Q tile for a TMA store, or
-  // (fp8, whose 1-byte Q tile is too small) staged in a tile of its own.
-  // Direct stores free the Q tile after the last Q K^T GEMM, so the next
-  // tile's Q load overlaps the last PV GEMM and the epilogue; staged stores
-  // free it once the store has read the staging rows. Same-run A/B on the H200, bf16,
-  // direct vs staged in Q: d64 non-causal 512 311 -> 357 TFLOP/s, 1k 385 ->
-  // 416; d128 non-causal 4k 621 -> 600, d256 512 431 -> 405: direct for d64.
-  static constexpr OStore kOStore = kFp8 ? OStore::kSeparateTile
-                                    : kHeadDim == 64 ? OStore::kDirect
-                                                     : OStore::kInQTile;
+  // How O leaves (epilogue.cuh), chosen per tile config: straight from
+  // registers (4-byte global stores), staged in the warpgroup's rows of the
+  // Q tile for a TMA store, or staged in a tile of its own (fp8, whose 1-byte
+  // Q tile is too small; d128 where 128-key blocks leave room). Direct
+  // stores and a tile of its own free the Q tile after the last Q K^T GEMM,
+  // so the next tile's Q load overlaps the last PV GEMM and the epilogue;
+  // staging in Q frees it once the store has read the staging rows.
+  // Same-run A/B on the H200, bf16, direct vs staged in Q: d64 non-causal
+  // 512 311 -> 357 TFLOP/s, 1k 385 -> 416; d128 non-causal 4k 621 -> 600,
+  // d256 512 431 -> 405: direct for d64 only (d128: TileConfig).
+  static constexpr OStore kOStore = Config::kOStore;
   // Who frees the Q tile: every consumer thread after its last Q K^T GEMM
-  // (direct stores; fp8 non-causal: H200, same run, d128 16k 745 -> 793,
-  // d256 1138 -> 1179 TFLOP/s), or each warpgroup's leader once its store has
-  // read the staging rows (fp8 causal: early release made d256 spill 168
+  // (fp8 non-causal: H200, same run, d128 16k 745 -> 793, d256 1138 -> 1179
+  // TFLOP/s), or each warpgroup's leader once its store has read the staging
+  // rows (O staged in Q; fp8 causal: early release made d256 spill 168
   // instead of 104 bytes).
   static constexpr bool kEarlyQRelease =
-      kOStore == OStore::kDirect || (kOStore == OStore::kSeparateTile && !kCausal);
+      kOStore == OStore::kDirect || (kOStore == OStore::kSeparateTile && !(kFp8 && kCausal));
   static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
