@@ -57,7 +57,7 @@ struct Mainloop {
   using Element = typename T::Element;
   using Storage = SharedStorage<T>;
   using Pipeline = PipelineState<T::kStages>;
-  using Softmax = OnlineSoftmax<T::kFp8 ? fp8::kFp8ProbOffsetLog2 : 0>;
+  using Softmax = OnlineSoftmax<T::kFp8 ? fp8::kFp8ProbOffsetLog2 : 0, T::kSumChains>;
   static constexpr int kBlockM = T::kBlockM;
   static constexpr int kBlockN = T::kBlockN;
   static constexpr int kHeadDim = T::kHeadDimV;
@@ -454,6 +454,13 @@ struct Mainloop {
       rescale[0] *= units;
       rescale[1] *= units;
       o_units = p_units;
+    }
+    if constexpr (T::kSkipUnchangedRescale) {
+      // A row's running max rarely moves after its first blocks: when no row
+      // of the warp changed scale, O stays as it is (a warp-uniform branch).
+      if (__all_sync(0xffffffffu, rescale[0] == 1.0f && rescale[1] == 1.0f)) {
+        return;
+      }
     }
     rescale_o(o, rescale);
   }

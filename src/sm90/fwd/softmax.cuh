@@ -29,8 +29,10 @@ __device__ __forceinline__ float quad_sum(float x) {
 __device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
 
 // kProbOffsetLog2: P = exp2(scaled score - row max + offset); the FP8 kernel
-// uses fp8::kFp8ProbOffsetLog2 (sm90/fp8/prob_offset.hpp).
-template <int kProbOffsetLog2 = 0>
+// uses fp8::kFp8ProbOffsetLog2 (sm90/fp8/prob_offset.hpp). kSumChains: a
+// block's row sums in four independent chains instead of one dependent
+// chain (Traits::kSumChains).
+template <int kProbOffsetLog2 = 0, bool kSumChains = false>
 struct OnlineSoftmax {
   static constexpr int kRows = 2;
   static constexpr float kLn2 = 0.6931471805599453f;
@@ -108,10 +110,38 @@ struct OnlineSoftmax {
       row_max[r] = new_max;
       row_sum[r] *= rescale[r];
     }
+    if constexpr (kSumChains) {
+      constexpr int kChains = kRegs >= 8 ? 4 : 2;  // per row, as in row_max_of
+      float sum[kRows][kChains];
 #pragma unroll
-    for (int i = 0; i < kRegs; ++i) {
-      s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
-      row_sum[acc_row(i)] += s[i];
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int c = 0; c < kChains; ++c) {
+          sum[r][c] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
+        sum[acc_row(i)][(2 * (i / 4) + i % 2) % kChains] += s[i];
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int width = kChains / 2; width >= 1; width /= 2) {
+#pragma unroll
+          for (int c = 0; c < width; ++c) {
+            sum[r][c] += sum[r][c + width];
+          }
+        }
+        row_sum[r] += sum[r][0];
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) {
+        s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
+        row_sum[acc_row(i)] += s[i];
+      }
     }
   }
 

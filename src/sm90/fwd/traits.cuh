@@ -19,6 +19,19 @@ struct TileConfig;
 template <int kHeadDim, bool kCausal>
 inline constexpr int kShortMaxSeqlen = 0;
 
+// Details of the key-block loop (Traits says what each does), off unless a
+// tile config turns them on. Their effect is not monotone: each changes how
+// ptxas schedules and allocates the whole loop, and the same change gains on
+// one kernel and loses on another (H200, same-run A/Bs, bf16 and fp8, three
+// rounds: the four sum chains alone took fp8 d128 non-causal 16k from 846
+// to 729-767 TFLOP/s and fp8 d256 non-causal 16k from 1120 to 1144-1226).
+// So they are on only where measured faster; each kernel's SASS was checked
+// identical (md5 of the instruction text) to the build that was timed.
+struct LoopDefaults {
+  static constexpr bool kSumChains = false;
+  static constexpr bool kSkipUnchangedRescale = false;
+};
+
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
 // kBlockN: key rows per pipeline stage; the S accumulator is kBlockN/2 floats
 //          per thread, P kBlockN/4 registers, O kHeadDim/2 floats.
@@ -27,7 +40,7 @@ inline constexpr int kShortMaxSeqlen = 0;
 // Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D, plus
 // an O tile of kBlockM x D if kOStore is kSeparateTile.
 template <bool kCausal, bool kShort>
-struct TileConfig<64, kCausal, kShort> {
+struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   // O is only 32 registers, so three consumer warpgroups (192 query rows)
   // share each K/V tile, and the turns rotate over three; 24 KB Q + 6 x 16 KB
   // K/V, so a deeper ring is free. Short causal sequences take 128 rows (two
@@ -37,11 +50,14 @@ struct TileConfig<64, kCausal, kShort> {
   // lose at every length (512 363 -> 340, 2k 495 -> 426).
   static constexpr int kBlockM = kShort ? 128 : 192, kBlockN = 128, kStages = 3;
   static constexpr OStore kOStore = OStore::kDirect;
+  // Causal: four sum chains and skipping unchanged rescales, bf16, same run,
+  // two rounds: 1k 259 -> 270, 4k 379 -> 401, 16k 445 -> 472 (and no spill).
+  static constexpr bool kSumChains = kCausal, kSkipUnchangedRescale = kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<64, true> = 2048;
 template <bool kCausal, bool kShort>
-struct TileConfig<128, kCausal, kShort> {
+struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // Long non-causal: 176 keys per block amortise the softmax and barrier cost
   // over more GEMM work (S 88 + P 44 + O 64 registers); 32 KB Q + 4 x 44 KB
   // K/V = 208 KB, O staged in the Q tile. Causal and short: 128 keys (fewer
@@ -56,11 +72,14 @@ struct TileConfig<128, kCausal, kShort> {
   static constexpr bool kOApart = kCausal || kShort;
   static constexpr int kBlockM = 128, kBlockN = kOApart ? 128 : 176, kStages = 2;
   static constexpr OStore kOStore = kOApart ? OStore::kSeparateTile : OStore::kInQTile;
+  // Causal: the same two loop details as d64, bf16, same run, two rounds:
+  // 1k 388 -> 390, 4k 523 -> 535, 16k 575 -> 598; non-causal unchanged.
+  static constexpr bool kSumChains = kCausal, kSkipUnchangedRescale = kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<128, false> = 2048;
 template <bool kCausal, bool kShort>
-struct TileConfig<256, kCausal, kShort> {
+struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // O alone takes 128 registers per thread, so S stays at 80 columns
   // (40 regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits. Short
   // causal sequences take 64 keys (less waste on the diagonal): H200, bf16,
@@ -80,16 +99,20 @@ inline constexpr int kShortMaxSeqlen<256, true> = 1024;
 template <int kHeadDim, bool kCausal>
 struct TileConfigFp8;
 template <bool kCausal>
-struct TileConfigFp8<128, kCausal> {
+struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // 16 KB Q + 32 KB O + 4 x 2 x 16 KB K/V = 176 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4;
   static constexpr OStore kOStore = OStore::kSeparateTile;
 };
 template <bool kCausal>
-struct TileConfigFp8<256, kCausal> {
+struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // 32 KB Q + 64 KB O + 2 x 2 x 32 KB K/V = 224 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr OStore kOStore = OStore::kSeparateTile;
+  // Non-causal: four sum chains, same run, three rounds: 4k 1120 -> 1168,
+  // 16k 1115 -> 1186 TFLOP/s (bf16 out). Not for causal d256 (16k 1087 ->
+  // 1079) nor d128 (causal 16k 743 -> 735; non-causal 856 -> 857).
+  static constexpr bool kSumChains = !kCausal;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -147,6 +170,11 @@ struct Traits {
   static constexpr bool kPingPong = kPingPongEnabled && !(kFp8 && !kCausal);
   // A warpgroup's softmax of block n runs under its PV GEMM of block n+1.
   static constexpr bool kIntraWgOverlap = kIntraWgOverlapEnabled;
+  // Key-block loop details (LoopDefaults): the softmax sums a block's rows
+  // in four chains (OnlineSoftmax); O's rescale is skipped when no row of
+  // the warp changed its max (Mainloop::rescale_for_next_pv).
+  static constexpr bool kSumChains = Config::kSumChains;
+  static constexpr bool kSkipUnchangedRescale = Config::kSkipUnchangedRescale;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
   // softmax). Without warp specialization (ablation only) there is no
