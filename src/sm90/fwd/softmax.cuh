@@ -28,6 +28,20 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Register i of a wgmma accumulator belongs to row (i & 2) ? 1 : 0 of the thread's two rows.
 __device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
 
+// Independent partial results of one row (a max or a sum over its registers),
+// combined as a tree: v[0] op v[width], ... for width = kChains / 2 .. 1.
+template <int kChains, class Op>
+__device__ __forceinline__ float combine_chains(float (&v)[kChains], Op op) {
+#pragma unroll
+  for (int width = kChains / 2; width >= 1; width /= 2) {
+#pragma unroll
+    for (int c = 0; c < width; ++c) {
+      v[c] = op(v[c], v[c + width]);
+    }
+  }
+  return v[0];
+}
+
 // kProbOffsetLog2: P = exp2(scaled score - row max + offset); the FP8 kernel
 // uses fp8::kFp8ProbOffsetLog2 (sm90/fp8/prob_offset.hpp). kSumChains: a
 // block's row sums in four independent chains instead of one dependent
@@ -79,14 +93,7 @@ struct OnlineSoftmax {
     }
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int width = kChains / 2; width >= 1; width /= 2) {
-#pragma unroll
-        for (int c = 0; c < width; ++c) {
-          m[r][c] = fmaxf(m[r][c], m[r][c + width]);
-        }
-      }
-      block_max[r] = m[r][0];
+      block_max[r] = combine_chains(m[r], [](float a, float b) { return fmaxf(a, b); });
     }
   }
 
@@ -127,14 +134,7 @@ struct OnlineSoftmax {
       }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int width = kChains / 2; width >= 1; width /= 2) {
-#pragma unroll
-          for (int c = 0; c < width; ++c) {
-            sum[r][c] += sum[r][c + width];
-          }
-        }
-        row_sum[r] += sum[r][0];
+        row_sum[r] += combine_chains(sum[r], [](float a, float b) { return a + b; });
       }
     } else {
 #pragma unroll
