@@ -34,7 +34,7 @@ struct KernelArgs {
   flash3::detail::DescaleParams q_descale, k_descale, v_descale;
 };
 
-// Where O is staged for the TMA store: the Q tile, or (fp8) a tile of its own.
+// Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a tile of its own.
 template <class T, bool kSeparate = T::kOStore == OStore::kSeparateTile>
 struct OStaging {
   __device__ uint8_t* ptr(typename T::Element* q) { return reinterpret_cast<uint8_t*>(q); }

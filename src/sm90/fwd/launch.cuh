@@ -112,24 +112,24 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   return {};
 }
 
+// The 16-bit kernel of one causality: its short-sequence variant (traits.cuh)
+// up to kShortMaxSeqlen, where the head dim has one.
+template <DType kDType, int kHeadDim, bool kCausal>
+Status launch_forward_16bit(const ForwardParams& p, cudaStream_t stream) {
+  using sm90::fwd::Traits;
+  constexpr int kShortMaxSeqlen = sm90::fwd::kShortMaxSeqlen<kHeadDim, kCausal>;
+  if constexpr (kShortMaxSeqlen > 0) {
+    if (p.seqlen_q <= kShortMaxSeqlen) {
+      return launch_variant<Traits<kDType, kHeadDim, kCausal, kDType, true>, kCausal>(p, stream);
+    }
+  }
+  return launch_variant<Traits<kDType, kHeadDim, kCausal>, kCausal>(p, stream);
+}
+
 template <DType kDType, int kHeadDim>
 Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
-  using sm90::fwd::Traits;
-  // The short-sequence variants (traits.cuh), where a head dim has them.
-  constexpr int kShortCausal = sm90::fwd::kShortMaxSeqlen<kHeadDim, true>;
-  constexpr int kShortNonCausal = sm90::fwd::kShortMaxSeqlen<kHeadDim, false>;
-  if constexpr (kShortCausal > 0) {
-    if (p.causal && p.seqlen_q <= kShortCausal) {
-      return launch_variant<Traits<kDType, kHeadDim, true, kDType, true>, true>(p, stream);
-    }
-  }
-  if constexpr (kShortNonCausal > 0) {
-    if (!p.causal && p.seqlen_q <= kShortNonCausal) {
-      return launch_variant<Traits<kDType, kHeadDim, false, kDType, true>, false>(p, stream);
-    }
-  }
-  return p.causal ? launch_variant<Traits<kDType, kHeadDim, true>, true>(p, stream)
-                  : launch_variant<Traits<kDType, kHeadDim, false>, false>(p, stream);
+  return p.causal ? launch_forward_16bit<kDType, kHeadDim, true>(p, stream)
+                  : launch_forward_16bit<kDType, kHeadDim, false>(p, stream);
 }
 
 template <DType kOutDType, int kHeadDim>

@@ -28,8 +28,17 @@ __device__ __forceinline__ float quad_sum(float x) {
 // Register i of a wgmma accumulator belongs to row (i & 2) ? 1 : 0 of the thread's two rows.
 __device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
 
-// Independent partial results of one row (a max or a sum over its registers),
-// combined as a tree: v[0] op v[width], ... for width = kChains / 2 .. 1.
+// A row's max or sum over the thread's kRegs accumulator registers runs in
+// independent chains: kChainsPerRow<kRegs> of them, register i in chain
+// chain_of(i, chains) (registers 4g + 2r + j of row r: chain (2g + j) mod chains).
+template <int kRegs>
+inline constexpr int kChainsPerRow = kRegs >= 8 ? 4 : 2;
+__device__ __forceinline__ constexpr int chain_of(int i, int chains) {
+  return (2 * (i / 4) + i % 2) % chains;
+}
+
+// The chains of one row combined as a tree: v[0] op v[width], ... for
+// width = kChains / 2 .. 1.
 template <int kChains, class Op>
 __device__ __forceinline__ float combine_chains(float (&v)[kChains], Op op) {
 #pragma unroll
@@ -71,7 +80,7 @@ struct OnlineSoftmax {
     // Registers 4g, 4g + 1 hold row 0 and 4g + 2, 4g + 3 row 1 (acc_row).
     static_assert(kRegs % 4 == 0, "accumulator registers come in groups of 4");
     constexpr int kGroups = kRegs / 4;
-    constexpr int kChains = kGroups >= 2 ? 4 : 2;  // per row
+    constexpr int kChains = kChainsPerRow<kRegs>;
     float m[kRows][kChains];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -86,8 +95,8 @@ struct OnlineSoftmax {
       for (int r = 0; r < kRows; ++r) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int c = (2 * g + j) % kChains;
-          m[r][c] = fmaxf(m[r][c], s[4 * g + 2 * r + j]);
+          const int i = 4 * g + 2 * r + j;
+          m[r][chain_of(i, kChains)] = fmaxf(m[r][chain_of(i, kChains)], s[i]);
         }
       }
     }
@@ -117,30 +126,23 @@ struct OnlineSoftmax {
       row_max[r] = new_max;
       row_sum[r] *= rescale[r];
     }
+    // With kSumChains the block's sums collect in chains and join row_sum
+    // once; otherwise each P adds to row_sum in turn.
+    constexpr int kChains = kChainsPerRow<kRegs>;
+    float sum[kRows][kChains] = {};
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) {
+      s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
+      if constexpr (kSumChains) {
+        sum[acc_row(i)][chain_of(i, kChains)] += s[i];
+      } else {
+        row_sum[acc_row(i)] += s[i];
+      }
+    }
     if constexpr (kSumChains) {
-      constexpr int kChains = kRegs >= 8 ? 4 : 2;  // per row, as in row_max_of
-      float sum[kRows][kChains];
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int c = 0; c < kChains; ++c) {
-          sum[r][c] = 0.0f;
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) {
-        s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
-        sum[acc_row(i)][(2 * (i / 4) + i % 2) % kChains] += s[i];
-      }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         row_sum[r] += combine_chains(sum[r], [](float a, float b) { return a + b; });
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < kRegs; ++i) {
-        s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
-        row_sum[acc_row(i)] += s[i];
       }
     }
   }

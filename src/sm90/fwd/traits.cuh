@@ -20,7 +20,8 @@ template <int kHeadDim, bool kCausal>
 inline constexpr int kShortMaxSeqlen = 0;
 
 // Details of the key-block loop (Traits says what each does), off unless a
-// tile config turns them on. Their effect is not monotone: each changes how
+// tile config turns them on; and kQReleaseAfterStore, which keeps Q until the
+// epilogue's store even where O is not staged in it. Their effect is not monotone: each changes how
 // ptxas schedules and allocates the whole loop, and the same change gains on
 // one kernel and loses on another (H200, same-run A/Bs, bf16 and fp8, three
 // rounds: the four sum chains alone took fp8 d128 non-causal 16k from 846
@@ -30,6 +31,7 @@ inline constexpr int kShortMaxSeqlen = 0;
 struct LoopDefaults {
   static constexpr bool kSumChains = false;
   static constexpr bool kSkipUnchangedRescale = false;
+  static constexpr bool kQReleaseAfterStore = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -103,6 +105,8 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // 16 KB Q + 32 KB O + 4 x 2 x 16 KB K/V = 176 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4;
   static constexpr OStore kOStore = OStore::kSeparateTile;
+  // Causal keeps Q until the store, as at d256 (not measured apart at d128).
+  static constexpr bool kQReleaseAfterStore = kCausal;
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> : LoopDefaults {
@@ -113,6 +117,9 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // 16k 1115 -> 1186 TFLOP/s (bf16 out). Not for causal d256 (16k 1087 ->
   // 1079) nor d128 (causal 16k 743 -> 735; non-causal 856 -> 857).
   static constexpr bool kSumChains = !kCausal;
+  // Causal: releasing Q after the last Q K^T GEMM made ptxas spill 168
+  // instead of 104 bytes.
+  static constexpr bool kQReleaseAfterStore = kCausal;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -242,10 +249,9 @@ struct Traits {
   // Who frees the Q tile: every consumer thread after its last Q K^T GEMM
   // (fp8 non-causal: H200, same run, d128 16k 745 -> 793, d256 1138 -> 1179
   // TFLOP/s), or each warpgroup's leader once its store has read the staging
-  // rows (O staged in Q; fp8 causal: early release made d256 spill 168
-  // instead of 104 bytes).
+  // rows (O staged in Q, or the tile config's kQReleaseAfterStore).
   static constexpr bool kEarlyQRelease =
-      kOStore == OStore::kDirect || (kOStore == OStore::kSeparateTile && !(kFp8 && kCausal));
+      kOStore != OStore::kInQTile && !Config::kQReleaseAfterStore;
   static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
