@@ -31,7 +31,10 @@ const char kUsage[] =
     "usage: flash3_bench [options]\n"
     "  --dtype bf16|fp16|fp8|all     (default all: bf16 and fp16; fp8 times the FP8 forward\n"
     "                                alone on e4m3 inputs, bf16 out, and separately the\n"
-    "                                quantization of bf16 q, k, v: block 128, Hadamard on q, k)\n"
+    "                                quantization of bf16 q, k, v: Hadamard on q, k)\n"
+    "  --fp8-scales block|head       fp8 descales: one per 128 rows of each (batch, head)\n"
+    "                                (default, flash3's block quantization) or one per\n"
+    "                                (batch, head) (FlashAttention-3's descales)\n"
     "  --headdim LIST|all            comma-separated, from 64,128,256 (default all)\n"
     "  --causal 0|1|all              (default all)\n"
     "  --seqlen LIST|all             comma-separated (default 512,1024,2048,4096,8192,16384)\n"
@@ -49,6 +52,7 @@ struct Options {
   std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
   int warmup = 5;
   int iters = 20;
+  bool fp8_head_scales = false;  // --fp8-scales head
   std::string json_path;
   std::string commit;
 };
@@ -125,6 +129,11 @@ Options parse_options(int argc, char** argv) {
       o.warmup = parse_int(flag, value);
     } else if (flag == "--iters") {
       o.iters = parse_int(flag, value);
+    } else if (flag == "--fp8-scales") {
+      if (value != "block" && value != "head") {
+        usage_error("--fp8-scales must be block or head");
+      }
+      o.fp8_head_scales = value == "head";
     } else if (flag == "--json") {
       o.json_path = value;
     } else if (flag == "--commit") {
@@ -269,10 +278,11 @@ bool write_json(const std::string& path, const Options& o, const cudaDeviceProp&
   std::fprintf(f,
                "{\"meta\": {\"tool\": \"flash3_bench\", \"device\": %s, \"date\": \"%s\", "
                "\"commit\": %s, \"flash3_version\": \"%s\", \"cuda_runtime\": %d, "
-               "\"cuda_driver\": %d, \"warmup\": %d, \"iters\": %d},\n \"records\": [",
+               "\"cuda_driver\": %d, \"warmup\": %d, \"iters\": %d, \"fp8_scales\": \"%s\"},\n"
+               " \"records\": [",
                json_string(prop.name).c_str(), date,
                o.commit.empty() ? "null" : json_string(o.commit).c_str(), flash3::version(),
-               runtime, driver, o.warmup, o.iters);
+               runtime, driver, o.warmup, o.iters, o.fp8_head_scales ? "head" : "block");
   for (size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];
     std::fprintf(f,
@@ -341,8 +351,11 @@ int main(int argc, char** argv) {
     return kExitCallFailed;
   }
 
-  std::printf("flash3 %s on %s, median of %d calls after %d warm-up\n", flash3::version(),
-              prop.name, o.iters, o.warmup);
+  std::printf("flash3 %s on %s, median of %d calls after %d warm-up%s\n", flash3::version(),
+              prop.name, o.iters, o.warmup,
+              std::count(o.dtypes.begin(), o.dtypes.end(), flash3::DType::kFloat8E4M3) == 0 ? ""
+              : o.fp8_head_scales ? "; fp8 descales per (batch, head)"
+                                  : "; fp8 descales per 128 rows");
   std::printf("%-5s %5s %6s %5s %6s %5s %10s %8s\n", "dtype", "hdim", "causal", "batch",
               "seqlen", "heads", "ms", "TFLOP/s");
   std::vector<Record> records;
@@ -379,10 +392,10 @@ int main(int argc, char** argv) {
             const flash3::Tensor tq8 = tensor(q8, e4m3), tk8 = tensor(k8, e4m3),
                                  tv8 = tensor(v8, e4m3);
             const flash3::Fp8V tvl{v_layout, r.batch, seqlen, r.heads, headdim};
-            constexpr int kBlock = 128;
-            const flash3::QuantizeOptions qk_quant{kBlock, true, 1234};
-            const flash3::QuantizeOptions v_quant{kBlock, false, 0};
-            const flash3::Fp8Descales d{{dq, kBlock}, {dk, kBlock}, {dv, kBlock}};
+            const int block_rows = o.fp8_head_scales ? seqlen : 128;
+            const flash3::QuantizeOptions qk_quant{block_rows, true, 1234};
+            const flash3::QuantizeOptions v_quant{block_rows, false, 0};
+            const flash3::Fp8Descales d{{dq, block_rows}, {dk, block_rows}, {dv, block_rows}};
             const auto quantize = [&]() -> flash3::Status {
               for (flash3::Status st : {flash3::quantize_fp8(tq, tq8, dq, qk_quant, stream),
                                         flash3::quantize_fp8(tk, tk8, dk, qk_quant, stream),
