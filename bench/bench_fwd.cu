@@ -25,6 +25,9 @@ namespace {
 constexpr int64_t kTokens = 16384;  // batch * seqlen of every cell
 constexpr int64_t kHidden = 2048;   // heads * headdim of every cell
 
+// --fp8-scales block: one scale per this many rows of each (batch, head).
+constexpr int kFp8BlockRows = 128;
+
 enum ExitCode { kExitOk = 0, kExitCallFailed = 1, kExitUsage = 2, kExitNoHopper = 3 };
 
 const char kUsage[] =
@@ -351,11 +354,16 @@ int main(int argc, char** argv) {
     return kExitCallFailed;
   }
 
-  std::printf("flash3 %s on %s, median of %d calls after %d warm-up%s\n", flash3::version(),
-              prop.name, o.iters, o.warmup,
-              std::count(o.dtypes.begin(), o.dtypes.end(), flash3::DType::kFloat8E4M3) == 0 ? ""
-              : o.fp8_head_scales ? "; fp8 descales per (batch, head)"
-                                  : "; fp8 descales per 128 rows");
+  std::printf("flash3 %s on %s, median of %d calls after %d warm-up", flash3::version(),
+              prop.name, o.iters, o.warmup);
+  if (std::count(o.dtypes.begin(), o.dtypes.end(), flash3::DType::kFloat8E4M3) > 0) {
+    if (o.fp8_head_scales) {
+      std::printf("; fp8 descales per (batch, head)");
+    } else {
+      std::printf("; fp8 descales per %d rows", kFp8BlockRows);
+    }
+  }
+  std::printf("\n");
   std::printf("%-5s %5s %6s %5s %6s %5s %10s %8s\n", "dtype", "hdim", "causal", "batch",
               "seqlen", "heads", "ms", "TFLOP/s");
   std::vector<Record> records;
@@ -392,7 +400,7 @@ int main(int argc, char** argv) {
             const flash3::Tensor tq8 = tensor(q8, e4m3), tk8 = tensor(k8, e4m3),
                                  tv8 = tensor(v8, e4m3);
             const flash3::Fp8V tvl{v_layout, r.batch, seqlen, r.heads, headdim};
-            const int block_rows = o.fp8_head_scales ? seqlen : 128;
+            const int block_rows = o.fp8_head_scales ? seqlen : kFp8BlockRows;
             const flash3::QuantizeOptions qk_quant{block_rows, true, 1234};
             const flash3::QuantizeOptions v_quant{block_rows, false, 0};
             const flash3::Fp8Descales d{{dq, block_rows}, {dk, block_rows}, {dv, block_rows}};

@@ -40,8 +40,11 @@ int main() {
   CUDA_CHECK(cudaMemcpy(dk, k.data(), elems * 2, cudaMemcpyHostToDevice));
   CUDA_CHECK(cudaMemcpy(dv, v.data(), elems * 2, cudaMemcpyHostToDevice));
 
-  auto bf16 = [&](void* p) { return Tensor::contiguous(p, DType::kBFloat16, batch, seqlen, heads, headdim); };
-  auto e4m3 = [&](void* p) { return Tensor::contiguous(p, DType::kFloat8E4M3, batch, seqlen, heads, headdim); };
+  auto tensor = [&](void* p, DType dtype) {
+    return Tensor::contiguous(p, dtype, batch, seqlen, heads, headdim);
+  };
+  auto bf16 = [&](void* p) { return tensor(p, DType::kBFloat16); };
+  auto e4m3 = [&](void* p) { return tensor(p, DType::kFloat8E4M3); };
   flash3::QuantizeOptions qk_options;
   qk_options.block_rows = block_rows;
   qk_options.hadamard = true;
