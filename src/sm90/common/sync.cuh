@@ -41,6 +41,7 @@ enum class NamedBarrier : uint32_t {
   kSchedulerConsumer0 = 4,  // ping-pong: consumer warpgroup 0 may issue its GEMMs
   kSchedulerConsumer1 = 5,
   kSchedulerConsumer2 = 6,
+  kScheduleFence = 15,  // one warp arrives, nobody waits: see schedule_after()
 };
 
 __device__ inline void named_barrier_sync(NamedBarrier id, uint32_t num_threads) {
@@ -49,6 +50,22 @@ __device__ inline void named_barrier_sync(NamedBarrier id, uint32_t num_threads)
 
 __device__ inline void named_barrier_arrive(NamedBarrier id, uint32_t num_threads) {
   asm volatile("bar.arrive %0, %1;" ::"r"(static_cast<uint32_t>(id)), "r"(num_threads) : "memory");
+}
+
+// A fence for ptxas's scheduler, not for the hardware: every instruction that
+// feeds `a` or `b` issues before it, and so does everything the program puts
+// after it that ptxas keeps behind barriers (wgmma waits among them). ptxas
+// sinks pure arithmetic below a wgmma wait that does not depend on it; this
+// makes the arithmetic's results feed a barrier instead. The warp arrives on
+// kScheduleFence (32 threads, so each arrival completes it; nobody waits)
+// under a predicate that is true for every a + b >= 0 or NaN, which ptxas
+// cannot prove.
+__device__ inline void schedule_after(float a, float b) {
+  asm volatile(
+      "{\n .reg .pred p;\n .reg .f32 t;\n add.f32 t, %0, %1;\n setp.lt.f32 p, t, 0f00000000;\n"
+      " @!p bar.arrive %2, 32;\n}" ::"f"(a),
+      "f"(b), "n"(static_cast<uint32_t>(NamedBarrier::kScheduleFence))
+      : "memory");
 }
 
 template <uint32_t kRegisters>

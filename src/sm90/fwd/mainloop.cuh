@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <type_traits>
+
 #include "kernel_args.cuh"
 #include "sm90/fp8/prob_offset.hpp"
 #include "mask.cuh"
@@ -370,6 +372,11 @@ struct Mainloop {
       release_q();
       return;
     }
+    if constexpr (T::kQkAhead) {
+      compute_ahead(n_block_end, warpgroup, pipe, q_addr, o, o_units, softmax, softmax_step,
+                    v_scale);
+      return;
+    }
     Pipeline& k_pipe = pipe;
     float rescale[Softmax::kRows];
     uint32_t p[T::kPRegs];
@@ -419,6 +426,7 @@ struct Mainloop {
       if constexpr (T::kFp8) {
         p_units = v_scale(n);
       }
+      keep_softmax_under_pv(softmax);
       mma_wait<0>();
       fence_operands(o);
       smem.v_empty[v_pipe.stage].arrive();
@@ -434,6 +442,114 @@ struct Mainloop {
     fence_operands(o);
     smem.v_empty[v_pipe.stage].arrive();
     issue_ready_loads();
+  }
+
+  // Q K^T one block ahead (T::kQkAhead): two S accumulators, so the
+  // warpgroup never waits for S. Per key block n:
+  //   issue S_{n-1} = Q K_{n-1}^T; rescale O; issue O += P_{n+1} V_{n+1};
+  //   softmax(S_n) (S_n was waited for in the step before); wait both;
+  //   P_n = S_n.
+  template <class SoftmaxStep, class VScale>
+  __device__ void compute_ahead(int n_block_end, int warpgroup, Pipeline& pipe, uint32_t q_addr,
+                                float (&o)[T::kOAccRegs], float& o_units, Softmax& softmax,
+                                SoftmaxStep& softmax_step, VScale& v_scale) {
+    const int n0 = n_block_end - 1;
+    Pipeline qk_pipe = pipe;  // the next K to multiply
+    Pipeline pv_pipe = pipe;  // the next V to multiply
+    Pipeline s_pipe = pipe;   // the stage of the last S issued
+    float rescale[Softmax::kRows];
+    uint32_t p[T::kPRegs];
+    float p_units = 1.0f;  // V descale of the block whose P is in p
+    float sa[T::kSAccRegs], sb[T::kSAccRegs];
+    auto issue_qk = [&](float(&s)[T::kSAccRegs]) {
+      wait_full(smem.k_full[qk_pipe.stage], qk_pipe.phase);
+      gemm_qk(q_addr, smem_u32(smem.k[qk_pipe.stage]), s);
+      s_pipe = qk_pipe;
+      qk_pipe.advance();
+    };
+    wait_for_turn(warpgroup);
+    issue_qk(sa);
+    pass_turn(warpgroup);
+    mma_wait<0>();  // here, not in the first step: see below
+    fence_operands(sa);
+    smem.k_empty[pipe.stage].arrive();
+    issue_ready_loads();
+    // One key block: kQk issues S_{n-1}, kPv issues O += P_{n+1} V_{n+1}.
+    // Both are compile-time and the first and last blocks are peeled: a wgmma
+    // skipped at run time, or a wait only some steps take, makes ptxas
+    // serialise every wgmma of the loop (C7514/C7515).
+    auto step = [&](auto qk, auto pv, int n, float(&s)[T::kSAccRegs],
+                    float(&s_next)[T::kSAccRegs]) {
+      constexpr bool kQk = decltype(qk)::value, kPv = decltype(pv)::value;
+      wait_for_turn(warpgroup);
+      if constexpr (kQk) {
+        issue_qk(s_next);
+      }
+      if constexpr (kPv) {
+        rescale_for_next_pv(o, rescale, o_units, p_units);
+        wait_full(smem.v_full[pv_pipe.stage], pv_pipe.phase);
+        gemm_pv(p, smem_u32(smem.v[pv_pipe.stage]), o);
+      }
+      pass_turn(warpgroup);
+      if (n == 0) {
+        release_q();
+      }
+      softmax_step(s, n, rescale);
+      const float units = T::kFp8 ? v_scale(n) : 1.0f;
+      keep_softmax_under_pv(softmax);
+      mma_wait<0>();
+      fence_operands(o);
+      fence_operands(s_next);
+      if constexpr (kPv) {
+        smem.v_empty[pv_pipe.stage].arrive();
+        pv_pipe.advance();
+      }
+      if constexpr (kQk) {
+        smem.k_empty[s_pipe.stage].arrive();
+      }
+      issue_ready_loads();
+      scores_to_p(s, p);
+      p_units = units;
+      if constexpr (!kPv && T::kFp8) {
+        o_units = units;
+      }
+    };
+    using Yes = std::true_type;
+    using No = std::false_type;
+    if (n0 == 0) {
+      step(No{}, No{}, 0, sa, sb);
+    } else {
+      step(Yes{}, No{}, n0, sa, sb);
+      for (int n = n0 - 1;; n -= 2) {  // S_n is in sb
+        if (n == 0) {
+          step(No{}, Yes{}, 0, sb, sa);
+          break;
+        }
+        step(Yes{}, Yes{}, n, sb, sa);
+        if (n == 1) {
+          step(No{}, Yes{}, 0, sa, sb);
+          break;
+        }
+        step(Yes{}, Yes{}, n - 1, sa, sb);
+      }
+    }
+    rescale_for_next_pv(o, rescale, o_units, p_units);
+    wait_full(smem.v_full[pv_pipe.stage], pv_pipe.phase);
+    gemm_pv(p, smem_u32(smem.v[pv_pipe.stage]), o);
+    mma_wait<0>();
+    fence_operands(o);
+    smem.v_empty[pv_pipe.stage].arrive();
+    issue_ready_loads();
+    pipe = qk_pipe;
+  }
+
+  // T::kSoftmaxUnderPv: the softmax's row sums (fed by every exponential)
+  // feed a scheduling fence just before the PV wait, so ptxas cannot sink
+  // the softmax below that wait.
+  __device__ static void keep_softmax_under_pv(const Softmax& softmax) {
+    if constexpr (T::kSoftmaxUnderPv) {
+      schedule_after(softmax.row_sum[0], softmax.row_sum[1]);
+    }
   }
 
   // The tile's last Q K^T GEMM is done: free the Q tile here if

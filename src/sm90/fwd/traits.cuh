@@ -33,6 +33,8 @@ struct LoopDefaults {
   static constexpr bool kSumChains = false;
   static constexpr bool kSkipUnchangedRescale = false;
   static constexpr bool kQReleaseAfterStore = false;
+  static constexpr bool kQkAhead = false;
+  static constexpr bool kSoftmaxUnderPv = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -91,6 +93,11 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // loses from 1k (608 -> 573).
   static constexpr int kBlockM = 128, kBlockN = kShort ? 64 : 80, kStages = 2;
   static constexpr OStore kOStore = OStore::kInQTile;
+  // The softmax pinned under the PV GEMM (Traits::kSoftmaxUnderPv): H200,
+  // same run, two rounds, TFLOP/s, bf16 non-causal 4k 721 -> 727, 8k 733 ->
+  // 758, 16k 751 -> 777; causal 1k 383 -> 392, 8k 627 -> 650; fp16
+  // non-causal 16k 650 -> 683, causal 4k 555 -> 569; 512 equal.
+  static constexpr bool kSoftmaxUnderPv = true;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<256, true> = 1024;
@@ -108,6 +115,11 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   static constexpr OStore kOStore = OStore::kSeparateTile;
   // Causal keeps Q until the store, as at d256 (not measured apart at d128).
   static constexpr bool kQReleaseAfterStore = kCausal;
+  // Non-causal: Q K^T one block ahead (Traits::kQkAhead; S 2 x 64 + P 16 +
+  // O 64 registers, no spill). H200, same run, three rounds, TFLOP/s, bf16
+  // out: 1k 691 -> 718, 4k 831 -> 855, 16k 876 -> 896. Causal spills 72
+  // bytes with it and loses (16k 766 -> 740).
+  static constexpr bool kQkAhead = !kCausal;
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> : LoopDefaults {
@@ -183,6 +195,16 @@ struct Traits {
   // the warp changed its max (Mainloop::rescale_for_next_pv).
   static constexpr bool kSumChains = Config::kSumChains;
   static constexpr bool kSkipUnchangedRescale = Config::kSkipUnchangedRescale;
+  // Q K^T of block n-1 issued before the softmax of block n, into a second S
+  // accumulator (Mainloop::compute_ahead), so the warpgroup never waits for S.
+  static constexpr bool kQkAhead = Config::kQkAhead && kIntraWgOverlap;
+  // ptxas sinks the softmax below the wait for the PV GEMM it should overlap
+  // (seen in the SASS of every kernel: both waits, then the exponentials);
+  // this pins it between the two waits (schedule_after). The true overlap
+  // loses where the softmax is long against the PV GEMM (same run, 16k
+  // non-causal: bf16 d128 643 -> 615, d64 562 -> 526, fp8 d128 869 -> 843,
+  // fp8 d256 1239 -> 1176) and gains at d256 (TileConfig<256>).
+  static constexpr bool kSoftmaxUnderPv = Config::kSoftmaxUnderPv && kIntraWgOverlap;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
   // softmax). Without warp specialization (ablation only) there is no
