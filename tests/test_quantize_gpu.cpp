@@ -23,7 +23,8 @@ struct Shape {
 };
 
 // Single rows, ragged tails, blocks that are not a multiple of the 64 rows a
-// CTA pass covers, blocks longer than the rows kept in registers (read twice).
+// CTA pass covers, blocks longer than one CTA's 128-row slice (500, 4096:
+// amax across CTAs).
 constexpr Shape kShapes[] = {
     {2, 1, 3, 128, 0, false},      // one row per head
     {2, 17, 2, 64, 1, false},      // one partial block
@@ -79,6 +80,11 @@ TEST_F(SanitizeQuantize, Bf16D128HadamardStrided) {
 
 TEST_F(SanitizeQuantize, Fp16D256Block100) {
   expect_quantize_matches_reference({DType::kFloat16, 256, 1, 201, 2, 100, false, 0, false});
+}
+
+// Blocks longer than one CTA's slice (amax across CTAs), a short last block.
+TEST_F(SanitizeQuantize, Bf16D64HadamardBlock300) {
+  expect_quantize_matches_reference({DType::kBFloat16, 64, 2, 700, 2, 300, true, 5, false});
 }
 
 const QuantizeCase kProbe{DType::kBFloat16, 128, 2, 300, 2, 128, true, 1, false};
