@@ -435,6 +435,12 @@ struct Mainloop {
       v_pipe = k_pipe;
       k_pipe.advance();
     }
+    last_pv(o, rescale, o_units, p_units, p, v_pipe);
+  }
+
+  // The tile's last O += P V (key block 0), after O's rescale for it.
+  __device__ void last_pv(float (&o)[T::kOAccRegs], float (&rescale)[2], float& o_units,
+                          float p_units, const uint32_t (&p)[T::kPRegs], const Pipeline& v_pipe) {
     rescale_for_next_pv(o, rescale, o_units, p_units);
     wait_full(smem.v_full[v_pipe.stage], v_pipe.phase);
     gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
@@ -533,13 +539,7 @@ struct Mainloop {
         step(Yes{}, Yes{}, n - 1, sa, sb);
       }
     }
-    rescale_for_next_pv(o, rescale, o_units, p_units);
-    wait_full(smem.v_full[pv_pipe.stage], pv_pipe.phase);
-    gemm_pv(p, smem_u32(smem.v[pv_pipe.stage]), o);
-    mma_wait<0>();
-    fence_operands(o);
-    smem.v_empty[pv_pipe.stage].arrive();
-    issue_ready_loads();
+    last_pv(o, rescale, o_units, p_units, p, pv_pipe);
     pipe = qk_pipe;
   }
 
