@@ -3,7 +3,7 @@
 //
 // S = Q K^T takes both operands from shared memory; O += P V takes P from
 // registers (the S accumulator layout is already a valid A fragment once
-// converted to 16 bits). Consumer order: see compute().
+// converted to 16 bits). Consumer order: see compute() and compute_ahead().
 #pragma once
 
 #include <cuda_bf16.h>
@@ -338,6 +338,8 @@ struct Mainloop {
   // down, so the masked blocks come first):
   //   issue S_n = Q K_n^T; rescale O; issue O += P_{n+1} V_{n+1};
   //   wait S_n; softmax(S_n) while the PV GEMM runs; wait PV; P_n = S_n.
+  // In the SASS the PV wait comes before the softmax unless T::kSoftmaxUnderPv
+  // pins it (ptxas sinks the softmax below it; design.md, lessons).
   // FP8: the scores of block n are scaled by dq * dk_n (folded into the
   // softmax's scale_log2), and O is accumulated in units of the V descale of
   // the last block added (`o_units`, rescaled with the softmax's factor when
@@ -454,7 +456,7 @@ struct Mainloop {
   // warpgroup never waits for S. Per key block n:
   //   issue S_{n-1} = Q K_{n-1}^T; rescale O; issue O += P_{n+1} V_{n+1};
   //   softmax(S_n) (S_n was waited for in the step before); wait both;
-  //   P_n = S_n.
+  //   P_n = S_n. (ptxas puts that wait before the softmax, as in compute().)
   template <class SoftmaxStep, class VScale>
   __device__ void compute_ahead(int n_block_end, int warpgroup, Pipeline& pipe, uint32_t q_addr,
                                 float (&o)[T::kOAccRegs], float& o_units, Softmax& softmax,
