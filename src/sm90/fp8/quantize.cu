@@ -4,11 +4,11 @@
 //
 // Blocks of up to kSliceRows rows (the default 128): one CTA per (batch,
 // row block, head), heads fastest so that the CTAs running together read
-// neighbouring memory. The CTA walks its block in passes of kRowsPerPass
-// rows (row.cuh says how a row lies on 8 lanes):
-//   amax pass:   load, transform, |max|; the first kCachedPasses stay in registers
+// neighbouring memory. The CTA walks its block in kCachedPasses passes of
+// kRowsPerPass rows (row.cuh says how a row lies on 8 lanes):
+//   amax pass:   load, transform, |max|; the rows stay in registers
 //   scale:       warp max, then across warps through shared memory
-//   encode pass: e4m3(x / scale) of the cached rows; later rows loaded again
+//   encode pass: e4m3(x / scale) of the rows in registers
 // Longer blocks (one scale per head: block_rows = seqlen) are cut into
 // slices of kSliceRows rows, one CTA each, in three launches after zeroing
 // the descales: every slice's amax into its block's descale word
@@ -76,9 +76,16 @@ __device__ float cta_amax(float amax, float* warp_amax) {
   return amax;
 }
 
-// The rows one CTA covers: a whole block, or one slice of a longer one.
+// The rows one CTA covers (all of them in registers between its passes): a
+// whole block, or one slice of a longer one.
 template <class T>
 inline constexpr int kSliceRows = T::kCachedPasses * T::kRowsPerPass;
+
+// How many slices a block of block_rows rows is cut into (1: one kWhole CTA).
+template <class T>
+__host__ __device__ constexpr int slices_per_block(int block_rows) {
+  return block_rows <= kSliceRows<T> ? 1 : (block_rows + kSliceRows<T> - 1) / kSliceRows<T>;
+}
 
 template <DType kDType, int kHeadDim, bool kHadamard, QuantizePass kPass>
 __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
@@ -89,8 +96,7 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
   __shared__ float warp_amax[T::kWarps];
   __shared__ alignas(sizeof(uint4)) uint32_t sign_masks[kHeadDim / 2];
 
-  constexpr bool kSliced = kPass != QuantizePass::kWhole;
-  const int slices = kSliced ? (args.block_rows + kSliceRows<T> - 1) / kSliceRows<T> : 1;
+  const int slices = slices_per_block<T>(args.block_rows);
   const int head = blockIdx.x % args.heads;
   const int slice = blockIdx.x / args.heads % slices;
   const int block = blockIdx.x / args.heads / slices % args.blocks_per_head;
@@ -98,8 +104,8 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
   const int block_first_row = block * args.block_rows;
   const int block_rows = min(args.block_rows, args.seqlen - block_first_row);
   const int first_row = block_first_row + slice * kSliceRows<T>;
-  const int rows = kSliced ? min(kSliceRows<T>, block_rows - slice * kSliceRows<T>) : block_rows;
-  if (kSliced && rows <= 0) {  // a slice past the end of a short last block
+  const int rows = min(kSliceRows<T>, block_rows - slice * kSliceRows<T>);
+  if (rows <= 0) {  // a slice past the end of a short last block
     return;
   }
   float* const descale =
@@ -165,9 +171,6 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
         amax = fragment_amax(cached[p], amax);
       }
     }
-    for (int p = T::kCachedPasses; p < passes; ++p) {
-      amax = fragment_amax(transform(load(p)), amax);
-    }
 
     amax = cta_amax<T>(amax, warp_amax);
     if constexpr (kPass == QuantizePass::kAmax) {
@@ -186,9 +189,6 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
         if (p < passes) {
           store(cached[p], p, scale);
         }
-      }
-      for (int p = T::kCachedPasses; p < passes; ++p) {
-        store(transform(load(p)), p, scale);
       }
     }
   }
@@ -235,18 +235,21 @@ Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
   using namespace sm90::fp8;
   using T = QuantizeTraits<kHeadDim>;
   const QuantizeArgs args = quantize_args(p);
-  if (p.block_rows <= kSliceRows<T>) {
+  const auto failed = [](const char* what, cudaError_t err) {
+    return Status{StatusCode::kCudaError, std::string(kQuantizeCall) + ": " + what +
+                                              " failed: " + cudaGetErrorName(err) + ": " +
+                                              cudaGetErrorString(err)};
+  };
+  const int slices = slices_per_block<T>(p.block_rows);
+  if (slices == 1) {
     quantize_kernel<kDType, kHeadDim, kHadamard, QuantizePass::kWhole>
         <<<static_cast<unsigned>(p.num_blocks), T::kThreads, 0, stream>>>(args);
   } else {
-    const int slices = (p.block_rows + kSliceRows<T> - 1) / kSliceRows<T>;
     const auto grid = static_cast<unsigned>(int64_t{p.num_blocks} * slices);
     constexpr int kFinishThreads = 256;
     const cudaError_t zeroed = cudaMemsetAsync(p.descale, 0, p.num_blocks * sizeof(float), stream);
     if (zeroed != cudaSuccess) {
-      return {StatusCode::kCudaError,
-              std::string(kQuantizeCall) + ": zeroing the descales failed: " +
-                  cudaGetErrorName(zeroed) + ": " + cudaGetErrorString(zeroed)};
+      return failed("zeroing the descales", zeroed);
     }
     quantize_kernel<kDType, kHeadDim, kHadamard, QuantizePass::kAmax>
         <<<grid, T::kThreads, 0, stream>>>(args);
@@ -258,8 +261,7 @@ Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
   }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
-    return {StatusCode::kCudaError, std::string(kQuantizeCall) + ": launch failed: " +
-                                        cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+    return failed("launch", err);
   }
   return {};
 }

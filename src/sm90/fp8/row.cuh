@@ -42,8 +42,8 @@ struct QuantizeTraits {
   static constexpr int kChunkWords = kChunkElems / 2;                      // 32-bit words in
   static constexpr int kRowsPerPass = kThreads / kLanesPerRow;             // 64 rows side by side
   // Passes whose rows stay in registers from the amax pass to the encode
-  // pass: the default block of 128 rows is read once; rows past that are
-  // read again (from L2, most likely).
+  // pass: the 128 rows of one CTA (a default block, or a slice of a longer
+  // one; quantize.cu) are read once.
   static constexpr int kCachedPasses = 2;
   // At head dim 256 the cached rows alone take 64 registers a thread, more
   // than two CTAs of 512 threads leave; below it two CTAs share an SM, so
