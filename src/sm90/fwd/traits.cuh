@@ -20,8 +20,7 @@ template <int kHeadDim, bool kCausal>
 inline constexpr int kShortMaxSeqlen = 0;
 
 // Details of the key-block loop (Traits says what each does), off unless a
-// tile config turns them on; and kQReleaseAfterStore, which keeps Q until the
-// epilogue's store even where O is not staged in it. Their effect is not
+// tile config turns them on. Their effect is not
 // monotone: each changes how ptxas schedules and allocates the whole loop,
 // and the same change gains on one kernel and loses on another (H200,
 // same-run A/Bs, bf16 and fp8, three rounds: the four sum chains alone took
@@ -32,7 +31,6 @@ inline constexpr int kShortMaxSeqlen = 0;
 struct LoopDefaults {
   static constexpr bool kSumChains = false;
   static constexpr bool kSkipUnchangedRescale = false;
-  static constexpr bool kQReleaseAfterStore = false;
   static constexpr bool kQkAhead = false;
   static constexpr bool kSoftmaxUnderPv = false;
 };
@@ -113,8 +111,6 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // 16 KB Q + 32 KB O + 4 x 2 x 16 KB K/V = 176 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4;
   static constexpr OStore kOStore = OStore::kSeparateTile;
-  // Causal keeps Q until the store, as at d256 (not measured apart at d128).
-  static constexpr bool kQReleaseAfterStore = kCausal;
   // Non-causal: Q K^T one block ahead (Traits::kQkAhead; S 2 x 64 + P 16 +
   // O 64 registers, no spill). H200, same run, three rounds, TFLOP/s, bf16
   // out: 1k 691 -> 718, 4k 831 -> 855, 16k 876 -> 896. Causal spills 72
@@ -130,9 +126,6 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // 16k 1115 -> 1186 TFLOP/s (bf16 out). Not for causal d256 (16k 1087 ->
   // 1079) nor d128 (causal 16k 743 -> 735; non-causal 856 -> 857).
   static constexpr bool kSumChains = !kCausal;
-  // Causal: releasing Q after the last Q K^T GEMM made ptxas spill 168
-  // instead of 104 bytes.
-  static constexpr bool kQReleaseAfterStore = kCausal;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -269,12 +262,14 @@ struct Traits {
   // 512 311 -> 357 TFLOP/s, 1k 385 -> 416; d128 non-causal 4k 621 -> 600,
   // d256 512 431 -> 405: direct for d64 only (d128: TileConfig).
   static constexpr OStore kOStore = Config::kOStore;
-  // Who frees the Q tile: every consumer thread after its last Q K^T GEMM
-  // (fp8 non-causal: H200, same run, d128 16k 745 -> 793, d256 1138 -> 1179
-  // TFLOP/s), or each warpgroup's leader once its store has read the staging
-  // rows (O staged in Q, or the tile config's kQReleaseAfterStore).
-  static constexpr bool kEarlyQRelease =
-      kOStore != OStore::kInQTile && !Config::kQReleaseAfterStore;
+  // Who frees the Q tile: every consumer thread after its last Q K^T GEMM,
+  // or, where O is staged in Q, each warpgroup's leader once its store has
+  // read the staging rows. H200, same run, fp8, Q kept until the store ->
+  // freed early: non-causal d128 16k 745 -> 793, d256 1138 -> 1179 TFLOP/s;
+  // causal (three rounds, since no kernel spills) d128 1k 433 -> 495, 4k
+  // 662 -> 720, 16k 754 -> 802, d256 1k 640 -> 718, 4k 1019 -> 1055, 16k
+  // 1185 -> 1188.
+  static constexpr bool kEarlyQRelease = kOStore != OStore::kInQTile;
   static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
