@@ -41,9 +41,9 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
 template <class T, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_constant__ KernelArgs args) {
   SharedStorage<T>& smem = shared_storage<T>();
-  // Broadcast from lane 0 so that ptxas knows it is warp-uniform and keeps
-  // what derives from it (the Q tile's wgmma descriptors) in uniform registers.
-  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / T::kWarpgroupThreads, 0);
+  const int warpgroup = T::kUniformWarpgroupIndex
+                            ? __shfl_sync(0xffffffffu, threadIdx.x / T::kWarpgroupThreads, 0)
+                            : static_cast<int>(threadIdx.x / T::kWarpgroupThreads);
   const WarpRole role =
       T::kWarpSpecialized && warpgroup == 0 ? WarpRole::kProducer : WarpRole::kConsumer;
 

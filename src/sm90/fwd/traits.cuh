@@ -33,6 +33,7 @@ struct LoopDefaults {
   static constexpr bool kSkipUnchangedRescale = false;
   static constexpr bool kQkAhead = false;
   static constexpr bool kSoftmaxUnderPv = false;
+  static constexpr bool kUniformWarpgroupIndex = true;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -126,6 +127,10 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // 16k 1115 -> 1186 TFLOP/s (bf16 out). Not for causal d256 (16k 1087 ->
   // 1079) nor d128 (causal 16k 743 -> 735; non-causal 856 -> 857).
   static constexpr bool kSumChains = !kCausal;
+  // Non-causal loses with the Q descriptors in uniform registers (same run,
+  // three rounds: 4k 1130, 1145, 1119 -> 1087, 1138, 1110; 16k 1189, 1201,
+  // 1186 -> 1139, 1096, 1143), so it keeps them in regular ones.
+  static constexpr bool kUniformWarpgroupIndex = kCausal;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -198,6 +203,12 @@ struct Traits {
   // non-causal: bf16 d128 643 -> 615, d64 562 -> 526, fp8 d128 869 -> 843,
   // fp8 d256 1239 -> 1176) and gains at d256 (TileConfig<256>).
   static constexpr bool kSoftmaxUnderPv = Config::kSoftmaxUnderPv && kIntraWgOverlap;
+
+  // The warpgroup index from lane 0 (__shfl_sync), so that ptxas knows it is
+  // warp-uniform and keeps the Q tile's wgmma descriptors in uniform
+  // registers instead of regular ones copied (R2UR) before every wgmma: no
+  // kernel spills with it, and d128 / d256 gain 1-3% (design.md, lessons).
+  static constexpr bool kUniformWarpgroupIndex = Config::kUniformWarpgroupIndex;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
   // softmax). Without warp specialization (ablation only) there is no
