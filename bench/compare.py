@@ -3,9 +3,10 @@
 
 The grid of shared/TARGETS.md: batch x seqlen = 16384 tokens, hidden 2048 (heads =
 2048 / headdim), headdim 64/128/256, causal and not, fp16/bf16. In each cell the three
-backends run one after the other on the same random normal inputs (SDPA on transposed
-views of them); each figure is the median of --iters CUDA-event timings after --warmup
-calls. Inputs are not rotated between calls: q, k and v take 64 MiB each, more than
+backends run on the same random normal inputs (SDPA on transposed views of them); each
+figure is the median of --iters CUDA-event timings after --warmup calls, and the backends
+take turns in TIMING_ROUNDS rounds (the first one rotating), so that a change of clock
+(the power cap after a long cell) falls on all of them alike. Inputs are not rotated between calls: q, k and v take 64 MiB each, more than
 the L2 together, so what a call finds there from the previous one is small.
 
 Each cell also prints max |out - cuDNN's out| for flash3 and for FA2; a flash3 difference
@@ -61,32 +62,49 @@ BACKENDS = {
 }
 
 
-def median_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    events = [[torch.cuda.Event(enable_timing=True) for _ in range(2)] for _ in range(iters)]
-    for start, stop in events:
-        start.record()
-        fn()
-        stop.record()
+TIMING_ROUNDS = 4
+
+
+def median_ms(calls, warmup, iters):
+    """calls: name -> (call, context it runs in). The median time of each call in ms."""
+    for call, context in calls.values():
+        with context():
+            for _ in range(warmup):
+                call()
+    names = list(calls)
+    events = {name: [] for name in names}
+    for r in range(TIMING_ROUNDS):
+        count = iters // TIMING_ROUNDS + (r < iters % TIMING_ROUNDS)
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            call, context = calls[name]
+            with context():
+                for _ in range(count):
+                    start, stop = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    start.record()
+                    call()
+                    stop.record()
+                    events[name].append((start, stop))
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(stop) for start, stop in events)
+    return {name: statistics.median(a.elapsed_time(b) for a, b in pairs) for name, pairs in events.items()}
 
 
 def run_cell(dtype, headdim, causal, seqlen, args, reasons):
     batch, heads = max(1, TOKENS // seqlen), HIDDEN // headdim
     q, k, v = (torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     flops = 4 * batch * heads * seqlen**2 * headdim / (2 if causal else 1)
-    ms, outs = {}, {}
+    calls, outs = {}, {}
     for name, (fn, context) in BACKENDS.items():
         try:
             with context(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # SDPA explains at length why it cannot run
                 outs[name] = fn(q, k, v, causal)
-                ms[name] = median_ms(lambda: fn(q, k, v, causal), args.warmup, args.iters)
+            calls[name] = (lambda fn=fn: fn(q, k, v, causal), context)
         except RuntimeError as e:  # flash3's NotImplementedError and missing library too
             reasons.add(f"{name}: {str(e).splitlines()[0]}")
-            ms[name] = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timed = median_ms(calls, args.warmup, args.iters)
+    ms = {name: timed.get(name) for name in BACKENDS}
     ref = outs.get("cuDNN")
     diff = {name: (outs[name] - ref).abs().max().item() if name in outs and ref is not None else None
             for name in ("flash3", "FA2")}
