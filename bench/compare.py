@@ -6,8 +6,9 @@ The grid of shared/TARGETS.md: batch x seqlen = 16384 tokens, hidden 2048 (heads
 backends run on the same random normal inputs (SDPA on transposed views of them); each
 figure is the median of --iters CUDA-event timings after --warmup calls, and the backends
 take turns in TIMING_ROUNDS rounds (the first one rotating), so that a change of clock
-(the power cap after a long cell) falls on all of them alike. Inputs are not rotated between calls: q, k and v take 64 MiB each, more than
-the L2 together, so what a call finds there from the previous one is small.
+(the power cap after a long cell) falls on all of them alike. Inputs are not rotated
+between calls: q, k and v take 64 MiB each, more than the L2 together, so what a call
+finds there from the previous one is small.
 
 Each cell also prints max |out - cuDNN's out| for flash3 and for FA2; a flash3 difference
 over twice FA2's plus DIFF_ULPS roundings of the largest output (or a NaN) is marked '!'
@@ -67,6 +68,8 @@ TIMING_ROUNDS = 4
 
 def median_ms(calls, warmup, iters):
     """calls: name -> (call, context it runs in). The median time of each call in ms."""
+    if not calls:  # no backend could run this cell
+        return {}
     for call, context in calls.values():
         with context():
             for _ in range(warmup):

@@ -20,14 +20,14 @@ template <int kHeadDim, bool kCausal>
 inline constexpr int kShortMaxSeqlen = 0;
 
 // Details of the key-block loop (Traits says what each does), off unless a
-// tile config turns them on. Their effect is not
-// monotone: each changes how ptxas schedules and allocates the whole loop,
-// and the same change gains on one kernel and loses on another (H200,
-// same-run A/Bs, bf16 and fp8, three rounds: the four sum chains alone took
-// fp8 d128 non-causal 16k from 846 to 729-767 TFLOP/s and fp8 d256
-// non-causal 16k from 1120 to 1144-1226).
-// So they are on only where measured faster; each kernel's SASS was checked
-// identical (md5 of the instruction text) to the build that was timed.
+// tile config turns them on, and kUniformWarpgroupIndex, on unless one turns
+// it off. Their effect is not monotone: each changes how ptxas schedules and
+// allocates the whole loop, and the same change gains on one kernel and
+// loses on another (H200, same-run A/Bs, bf16 and fp8, three rounds: the four
+// sum chains alone took fp8 d128 non-causal 16k from 846 to 729-767 TFLOP/s
+// and fp8 d256 non-causal 16k from 1120 to 1144-1226). So each is set by
+// measurement; each kernel's SASS was checked identical (md5 of the
+// instruction text) to the build that was timed.
 struct LoopDefaults {
   static constexpr bool kSumChains = false;
   static constexpr bool kSkipUnchangedRescale = false;
