@@ -362,11 +362,15 @@ struct Mainloop {
     auto v_scale = [&](int n) {
       return descale(args.v_descale, tile.batch, heads_kv, head_kv, n * kBlockN);
     };
-    auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
+    auto mask_block = [&](float(&s)[T::kSAccRegs], int n) {
       if (mask.needs_mask(tile.m_block, n)) {
         mask.apply(s, row0, n * kBlockN + c.col);
       }
-      softmax.step(s, rescale, T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2);
+    };
+    auto block_scale = [&](int n) { return T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2; };
+    auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
+      mask_block(s, n);
+      softmax.step(s, rescale, block_scale(n));
     };
 
     wait_full(smem.q_full, tile_iter & 1);
@@ -376,7 +380,7 @@ struct Mainloop {
     }
     if constexpr (T::kQkAhead) {
       compute_ahead(n_block_end, warpgroup, pipe, q_addr, o, o_units, softmax, softmax_step,
-                    v_scale);
+                    v_scale, mask_block, block_scale);
       return;
     }
     Pipeline& k_pipe = pipe;
@@ -457,10 +461,14 @@ struct Mainloop {
   //   issue S_{n-1} = Q K_{n-1}^T; rescale O; issue O += P_{n+1} V_{n+1};
   //   softmax(S_n) (S_n was waited for in the step before); wait both;
   //   P_n = S_n. (ptxas puts that wait before the softmax, as in compute().)
-  template <class SoftmaxStep, class VScale>
+  // T::kNextMaxEarly: the row max of S_{n-1} is taken in the middle of the
+  // exponentials of S_n (after waiting for S_{n-1} there), so the next step
+  // starts with its exponentials.
+  template <class SoftmaxStep, class VScale, class MaskBlock, class BlockScale>
   __device__ void compute_ahead(int n_block_end, int warpgroup, Pipeline& pipe, uint32_t q_addr,
                                 float (&o)[T::kOAccRegs], float& o_units, Softmax& softmax,
-                                SoftmaxStep& softmax_step, VScale& v_scale) {
+                                SoftmaxStep& softmax_step, VScale& v_scale,
+                                MaskBlock& mask_block, BlockScale& block_scale) {
     const int n0 = n_block_end - 1;
     Pipeline qk_pipe = pipe;  // the next K to multiply
     Pipeline pv_pipe = pipe;  // the next V to multiply
@@ -482,6 +490,11 @@ struct Mainloop {
     fence_operands(sa);
     smem.k_empty[pipe.stage].arrive();
     issue_ready_loads();
+    float next_max[Softmax::kRows];  // T::kNextMaxEarly: of the S block waited for last
+    if constexpr (T::kNextMaxEarly) {
+      mask_block(sa, n0);
+      Softmax::row_max_quad(sa, next_max);
+    }
     // One key block: kQk issues S_{n-1}, kPv issues O += P_{n+1} V_{n+1}.
     // Both are compile-time and the first and last blocks are peeled: a wgmma
     // skipped at run time, or a wait only some steps take, makes ptxas
@@ -502,7 +515,21 @@ struct Mainloop {
       if (n == 0) {
         release_q();
       }
-      softmax_step(s, n, rescale);
+      if constexpr (T::kNextMaxEarly) {
+        const float block_max[Softmax::kRows] = {next_max[0], next_max[1]};
+        softmax.template step_from_max<true>(s, block_max, rescale, block_scale(n), [&] {
+          if constexpr (kQk) {
+            // The first half of the exponentials stays before the wait.
+            schedule_after(softmax.row_sum[0], softmax.row_sum[1]);
+            mma_wait<kPv ? 1 : 0>();  // S_{n-1} (the PV GEMM may still run)
+            fence_operands(s_next);
+            mask_block(s_next, n - 1);
+            Softmax::row_max_quad(s_next, next_max);
+          }
+        });
+      } else {
+        softmax_step(s, n, rescale);
+      }
       const float units = T::kFp8 ? v_scale(n) : 1.0f;
       keep_softmax_under_pv(softmax);
       mma_wait<0>();

@@ -116,10 +116,33 @@ struct OnlineSoftmax {
                                        float scale_log2) {
     float block_max[kRows];
     row_max_of(s, block_max);
+    step_from_max<false>(s, block_max, rescale, scale_log2, [] {});
+  }
+
+  // The block's row maxima of the raw scores over the whole row (quad-reduced).
+  template <int kRegs>
+  __device__ __forceinline__ static void row_max_quad(const float (&s)[kRegs],
+                                                      float (&block_max)[kRows]) {
+    row_max_of(s, block_max);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      block_max[r] = quad_max(block_max[r]);
+    }
+  }
+
+  // step() with the block's row maxima given (the thread's own, or the whole
+  // row's from row_max_quad if kQuadReduced), and mid() called once the first
+  // half of the exponentials is issued.
+  template <bool kQuadReduced, int kRegs, class Mid>
+  __device__ __forceinline__ void step_from_max(float (&s)[kRegs],
+                                                const float (&block_max)[kRows],
+                                                float (&rescale)[kRows], float scale_log2,
+                                                Mid&& mid) {
     float shift[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const float new_max = fmaxf(row_max[r], quad_max(block_max[r]) * scale_log2);
+      const float m = kQuadReduced ? block_max[r] : quad_max(block_max[r]);
+      const float new_max = fmaxf(row_max[r], m * scale_log2);
       const float base = new_max == -INFINITY ? 0.0f : new_max;
       rescale[r] = fast_exp2(row_max[r] - base);
       shift[r] = base - static_cast<float>(kProbOffsetLog2);
@@ -132,6 +155,9 @@ struct OnlineSoftmax {
     float sum[kRows][kChains] = {};
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
+      if (i == kRegs / 2) {
+        mid();
+      }
       s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
       if constexpr (kSumChains) {
         sum[acc_row(i)][chain_of(i, kChains)] += s[i];

@@ -32,6 +32,7 @@ struct LoopDefaults {
   static constexpr bool kSumChains = false;
   static constexpr bool kSkipUnchangedRescale = false;
   static constexpr bool kQkAhead = false;
+  static constexpr bool kNextMaxEarly = false;
   static constexpr bool kSoftmaxUnderPv = false;
   static constexpr bool kUniformWarpgroupIndex = true;
 };
@@ -117,6 +118,7 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // out: 1k 691 -> 718, 4k 831 -> 855, 16k 876 -> 896. Causal spills 72
   // bytes with it and loses (16k 766 -> 740).
   static constexpr bool kQkAhead = !kCausal;
+  static constexpr bool kNextMaxEarly = !kCausal;
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> : LoopDefaults {
@@ -196,6 +198,9 @@ struct Traits {
   // Q K^T of block n-1 issued before the softmax of block n, into a second S
   // accumulator (Mainloop::compute_ahead), so the warpgroup never waits for S.
   static constexpr bool kQkAhead = Config::kQkAhead && kIntraWgOverlap;
+  // With kQkAhead: S_{n-1}'s row max taken amid the exponentials of S_n
+  // (Mainloop::compute_ahead), off the step's critical path.
+  static constexpr bool kNextMaxEarly = Config::kNextMaxEarly && kQkAhead;
   // ptxas sinks the softmax below the wait for the PV GEMM it should overlap
   // (seen in the SASS of every kernel: both waits, then the exponentials);
   // this pins it between the two waits (schedule_after). The true overlap
