@@ -118,6 +118,9 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // out: 1k 691 -> 718, 4k 831 -> 855, 16k 876 -> 896. Causal spills 72
   // bytes with it and loses (16k 766 -> 740).
   static constexpr bool kQkAhead = !kCausal;
+  // And S_{n-1}'s row max amid S_n's exponentials (Traits::kNextMaxEarly):
+  // same run, 4 rounds, 4k 859-862 -> 868-875, 8k 861-888 -> 896-909, 16k
+  // 829-862 -> 851-872; the hook after 1/4 or 3/4 of them loses (4k 817-851).
   static constexpr bool kNextMaxEarly = !kCausal;
 };
 template <bool kCausal>
