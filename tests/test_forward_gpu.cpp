@@ -66,6 +66,15 @@ constexpr Dims kGqaDims[] = {{2, 257, 257, 2, 2},
                              {1, 200, 333, 8, 1},
                              {2, 333, 200, 6, 3}};
 
+// Non-causal kernels share K and V between the two CTAs of a cluster when a
+// head's query blocks pair up (128 rows a block; 192 at head dim 64), else
+// run single CTAs: pairs with GQA and keys ending inside the first, second
+// and a later half of a key block, MQA, and an odd block count.
+constexpr Dims kClusterDims[] = {{1, 1024, 113, 4, 2},
+                                 {2, 768, 40, 2, 1},
+                                 {1, 256, 1000, 2, 2},
+                                 {2, 384, 300, 2, 2}};
+
 constexpr struct {
   Layout layout;
   Dims dims;
@@ -104,6 +113,8 @@ class ForwardSweep : public ForwardTest, public ::testing::WithParamInterface<Sw
 TEST_P(ForwardSweep, Seqlens) { expect_all_match_reference(make_all(kSeqlenDims)); }
 
 TEST_P(ForwardSweep, GqaRatios) { expect_all_match_reference(make_all(kGqaDims)); }
+
+TEST_P(ForwardSweep, ClusterPairs) { expect_all_match_reference(make_all(kClusterDims)); }
 
 TEST_P(ForwardSweep, StridedLayouts) {
   std::vector<ForwardCase> cases;

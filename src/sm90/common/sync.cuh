@@ -21,6 +21,11 @@ struct Mbarrier {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&word, bytes);
   }
   __device__ void arrive() { cutlass::arch::ClusterBarrier::arrive(&word); }
+  // One arrival on the barrier at this one's offset in CTA `cta` of the
+  // cluster, if `pred` (a predicated instruction, not a branch).
+  __device__ void arrive_at(uint32_t cta, bool pred) {
+    cutlass::arch::ClusterBarrier::arrive(&word, cta, pred ? 1u : 0u);
+  }
   // Blocks until the phase of the given parity has completed.
   __device__ void wait(uint32_t parity) { cutlass::arch::ClusterBarrier::wait(&word, parity); }
   // Whether it has, without waiting.
@@ -31,6 +36,25 @@ struct Mbarrier {
 
 // Makes barrier initialisation visible to the async proxy (TMA) and the other warps.
 __device__ inline void fence_barrier_init() { cutlass::arch::fence_barrier_init(); }
+
+// Thread block clusters: this CTA's rank and the cluster's size (1 when the
+// kernel is launched without clusters), and a barrier over every thread of
+// the cluster (release / acquire: shared-memory writes before it, barrier
+// initialisation among them, are visible to the cluster after it).
+__device__ inline uint32_t cluster_rank() {
+  uint32_t r;
+  asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));  // constant: no volatile
+  return r;
+}
+__device__ inline uint32_t cluster_size() {
+  uint32_t n;
+  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+  return n;
+}
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::
+                   : "memory");
+}
 
 // Named hardware barriers (bar.sync). Id 0 is __syncthreads; every other use
 // has a name here.

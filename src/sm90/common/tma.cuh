@@ -23,6 +23,19 @@ __device__ inline void tma_load(const CUtensorMap* map, uint64_t* bar, void* sme
       : "memory");
 }
 
+// Global -> the same shared offset of every CTA of the cluster in `cta_mask`;
+// each destination counts the bytes on its own mbarrier at `bar`'s offset.
+__device__ inline void tma_load_multicast(const CUtensorMap* map, uint64_t* bar, void* smem,
+                                          uint16_t cta_mask, int col, int row, int head,
+                                          int batch) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%4, %5, %6, %7}], [%2], %3;" ::"r"(smem_u32(smem)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "h"(cta_mask), "r"(col), "r"(row),
+      "r"(head), "r"(batch)
+      : "memory");
+}
+
 // Shared -> global; rows past the tensor's end are dropped.
 __device__ inline void tma_store(const CUtensorMap* map, const void* smem, int col, int row,
                                  int head, int batch) {

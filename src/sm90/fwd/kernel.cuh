@@ -33,8 +33,11 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
   for (int s = 0; s < T::kStages; ++s) {
     smem.k_full[s].init(1);  // the producer's arrive_expect_tx
     smem.v_full[s].init(1);
-    smem.k_empty[s].init(T::kConsumerThreads);  // every consumer thread arrives
-    smem.v_empty[s].init(T::kConsumerThreads);
+    // Every consumer thread of every CTA that reads what this CTA's producer
+    // writes (Mainloop::release).
+    const uint32_t releases = T::kConsumerThreads * (T::kClusterKv ? cluster_size() : 1);
+    smem.k_empty[s].init(releases);
+    smem.v_empty[s].init(releases);
   }
 }
 
@@ -55,7 +58,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     tma_prefetch_descriptor(&args.o);
   }
   fence_barrier_init();
-  __syncthreads();
+  if constexpr (T::kClusterKv) {
+    cluster_sync();  // the other CTA's barriers are ready before its loads and arrivals
+  } else {
+    __syncthreads();
+  }
 
   const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.num_tiles};
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};

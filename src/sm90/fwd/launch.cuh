@@ -33,6 +33,50 @@ cudaError_t allow_dynamic_smem(int smem_bytes, int device) {
   return err;
 }
 
+// A launch of `ctas` CTAs of `threads` in clusters of `cluster_ctas`.
+struct ClusterLaunch {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+
+  ClusterLaunch(unsigned ctas, int threads, int smem_bytes, cudaStream_t stream,
+                unsigned cluster_ctas) {
+    config.gridDim = dim3(ctas);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem_bytes;
+    config.stream = stream;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = cluster_ctas;
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // config points at cluster
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Clusters of kCtas CTAs of this kernel that fit on the device at once
+// (cudaOccupancyMaxActiveClusters; 66 of two on the H200's 132 SMs), once
+// per (kernel, device); 0 if none.
+template <auto kKernel, int kCtas>
+int max_active_clusters(int threads, int smem_bytes, int device) {
+  static std::atomic<int> cached[64] = {};
+  std::atomic<int>* slot = device >= 0 && device < 64 ? &cached[device] : nullptr;
+  if (slot != nullptr && slot->load(std::memory_order_relaxed) > 0) {
+    return slot->load(std::memory_order_relaxed);
+  }
+  const ClusterLaunch launch(kCtas, threads, smem_bytes, nullptr, kCtas);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &launch.config) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the launch goes without clusters
+    return 0;
+  }
+  if (slot != nullptr) {
+    slot->store(clusters, std::memory_order_relaxed);
+  }
+  return clusters;
+}
+
 // The tensor map of V: rows of the head dim as given (16-bit), or for fp8
 // the Fp8V layout, whose rows are the head dim and columns the (padded) keys.
 template <class T>
@@ -60,10 +104,9 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const TensorMapShape o{p.out, p.out_dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim,
                          p.out_stride};
   constexpr int kCols = T::kSwizzleCols;
-  constexpr int kVRows = T::kFp8 ? T::kHeadDimV : T::kBlockN;
   for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
-                   make_tensor_map(k, kCols, T::kBlockN, &args.k),
-                   make_tensor_map(v, kCols, kVRows, &args.v),
+                   make_tensor_map(k, kCols, T::kKLoadRows, &args.k),
+                   make_tensor_map(v, kCols, T::kVLoadRows, &args.v),
                    make_tensor_map(o, sm90::kSwizzleCols16, sm90::kMmaM, &args.o)}) {
     if (!s.ok()) {
       return s;
@@ -97,10 +140,24 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   constexpr int kTilesPerStep = sm90::fwd::TileScheduler::kTilesPerStep<kCausal>;
   const long long ctas = std::min<long long>((tiles + kTilesPerStep - 1) / kTilesPerStep,
                                              p.num_sms);
-  const unsigned grid = static_cast<unsigned>(ctas);
+  unsigned grid = static_cast<unsigned>(ctas);
   constexpr auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
   cudaError_t err = allow_dynamic_smem<kernel>(kSmemBytes, p.device);
-  if (err == cudaSuccess) {
+  // Clusters of two CTAs share K and V (Traits::kClusterKv) when every
+  // head's query blocks pair up, so both CTAs of a cluster always work on
+  // the same head (scheduler.cuh: CTA c takes tiles c, c + G, ...).
+  int clusters = 0;
+  if constexpr (T::kClusterKv) {
+    if (err == cudaSuccess && args.num_m_blocks % 2 == 0) {
+      clusters = static_cast<int>(std::min<long long>(
+          tiles / 2, max_active_clusters<kernel, 2>(T::kThreads, kSmemBytes, p.device)));
+    }
+  }
+  if (err == cudaSuccess && clusters > 0) {
+    grid = 2 * static_cast<unsigned>(clusters);
+    const ClusterLaunch launch(grid, T::kThreads, kSmemBytes, stream, 2);
+    err = cudaLaunchKernelEx(&launch.config, kernel, args);
+  } else if (err == cudaSuccess) {
     kernel<<<grid, T::kThreads, kSmemBytes, stream>>>(args);
     err = cudaGetLastError();
   }

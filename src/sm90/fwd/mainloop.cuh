@@ -171,8 +171,8 @@ struct Mainloop {
     full.arrive_expect_tx(T::kKVTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
-      tma_load(&args.k, &full.word, smem.k[pipe.stage] + b * kBlockN * kSwizzleCols,
-               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+      load_rows<T::kKLoadRows>(&args.k, full, smem.k[pipe.stage] + b * kBlockN * kSwizzleCols,
+                               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
     }
   }
   __device__ void load_v(const Pipeline& pipe, int n_block, int head_kv, int batch) {
@@ -181,11 +181,31 @@ struct Mainloop {
 #pragma unroll
     for (int b = 0; b < T::kVColBlocks; ++b) {
       if constexpr (T::kFp8) {
-        tma_load(&args.v, &full.word, smem.v[pipe.stage] + b * kHeadDim * kSwizzleCols,
-                 n_block * kBlockN + b * kSwizzleCols, 0, head_kv, batch);
+        load_rows<T::kVLoadRows>(&args.v, full, smem.v[pipe.stage] + b * kHeadDim * kSwizzleCols,
+                                 n_block * kBlockN + b * kSwizzleCols, 0, head_kv, batch);
       } else {
-        tma_load(&args.v, &full.word, smem.v[pipe.stage] + b * kBlockN * kSwizzleCols,
-                 b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+        load_rows<T::kVLoadRows>(&args.v, full, smem.v[pipe.stage] + b * kBlockN * kSwizzleCols,
+                                 b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+      }
+    }
+  }
+  // One column block of a K or V tile, loaded in boxes of kLoadRows rows: the
+  // whole block, or (T::kClusterKv) two halves, both here when the kernel
+  // runs without clusters, else this CTA's half multicast to the cluster.
+  template <int kLoadRows>
+  __device__ void load_rows(const CUtensorMap* map, Mbarrier& full, Element* dst, int col, int row,
+                            int head, int batch) {
+    if constexpr (!T::kClusterKv) {
+      tma_load(map, &full.word, dst, col, row, head, batch);
+    } else if (cluster_size() == 2) {
+      const int half = static_cast<int>(cluster_rank());
+      tma_load_multicast(map, &full.word, dst + half * kLoadRows * kSwizzleCols, 0b11, col,
+                         row + half * kLoadRows, head, batch);
+    } else {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        tma_load(map, &full.word, dst + half * kLoadRows * kSwizzleCols, col,
+                 row + half * kLoadRows, head, batch);
       }
     }
   }
@@ -194,6 +214,30 @@ struct Mainloop {
   __device__ void load_all() {
     LoadCursor c = first_load();
     while (load_next<true>(c)) {
+    }
+    if constexpr (T::kClusterKv) {
+      // The other CTA's consumers arrive on this CTA's empty barriers: wait
+      // for their last arrivals (every stage free again) before exiting.
+#pragma unroll 1
+      for (int i = 0; i < T::kStages; ++i) {
+        smem.k_empty[c.pipe.stage].wait(c.pipe.phase ^ 1u);
+        smem.v_empty[c.pipe.stage].wait(c.pipe.phase ^ 1u);
+        c.pipe.advance();
+      }
+    }
+  }
+
+  // A consumer thread is done reading a K or V stage. T::kClusterKv: the
+  // producers of both CTAs of the cluster write that stage here, so the
+  // thread arrives on both CTAs' barriers. (Every thread: a lane-dependent
+  // predicate, even on a predicated arrive, costs ptxas the uniform
+  // registers of the wgmma descriptors, 80 more R2UR in the d128 loop.)
+  __device__ void release(Mbarrier& empty) const {
+    if constexpr (T::kClusterKv) {
+      empty.arrive_at(0, true);
+      empty.arrive_at(1, cluster_size() == 2);
+    } else {
+      empty.arrive();
     }
   }
 
@@ -395,7 +439,7 @@ struct Mainloop {
       pass_turn(warpgroup);
       mma_wait<0>();
       fence_operands(s);
-      smem.k_empty[k_pipe.stage].arrive();
+      release(smem.k_empty[k_pipe.stage]);
       issue_ready_loads();
       if (n_block_end == 1) {
         release_q();
@@ -423,7 +467,7 @@ struct Mainloop {
       }
       mma_wait<1>();  // S_n is ready; the PV GEMM may still run
       fence_operands(s);
-      smem.k_empty[k_pipe.stage].arrive();
+      release(smem.k_empty[k_pipe.stage]);
       issue_ready_loads();
       if (n == 0) {
         release_q();
@@ -435,7 +479,7 @@ struct Mainloop {
       keep_softmax_under_pv(softmax);
       mma_wait<0>();
       fence_operands(o);
-      smem.v_empty[v_pipe.stage].arrive();
+      release(smem.v_empty[v_pipe.stage]);
       issue_ready_loads();
       scores_to_p(s, p);
       v_pipe = k_pipe;
@@ -452,7 +496,7 @@ struct Mainloop {
     gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
     mma_wait<0>();
     fence_operands(o);
-    smem.v_empty[v_pipe.stage].arrive();
+    release(smem.v_empty[v_pipe.stage]);
     issue_ready_loads();
   }
 
@@ -488,7 +532,7 @@ struct Mainloop {
     pass_turn(warpgroup);
     mma_wait<0>();  // here, not in the first step: see below
     fence_operands(sa);
-    smem.k_empty[pipe.stage].arrive();
+    release(smem.k_empty[pipe.stage]);
     issue_ready_loads();
     float next_max[Softmax::kRows];  // T::kNextMaxEarly: of the S block waited for last
     if constexpr (T::kNextMaxEarly) {
@@ -536,11 +580,11 @@ struct Mainloop {
       fence_operands(o);
       fence_operands(s_next);
       if constexpr (kPv) {
-        smem.v_empty[pv_pipe.stage].arrive();
+        release(smem.v_empty[pv_pipe.stage]);
         pv_pipe.advance();
       }
       if constexpr (kQk) {
-        smem.k_empty[s_pipe.stage].arrive();
+        release(smem.k_empty[s_pipe.stage]);
       }
       issue_ready_loads();
       scores_to_p(s, p);

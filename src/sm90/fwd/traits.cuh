@@ -35,6 +35,7 @@ struct LoopDefaults {
   static constexpr bool kNextMaxEarly = false;
   static constexpr bool kSoftmaxUnderPv = false;
   static constexpr bool kUniformWarpgroupIndex = true;
+  static constexpr bool kKvMulticast = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -58,6 +59,10 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   // Causal: four sum chains and skipping unchanged rescales, bf16, same run,
   // two rounds: 1k 259 -> 270, 4k 379 -> 401, 16k 445 -> 472 (and no spill).
   static constexpr bool kSumChains = kCausal, kSkipUnchangedRescale = kCausal;
+  // Non-causal: K and V shared by two-CTA clusters (Traits::kClusterKv):
+  // same run, three rounds, bf16 1k 415-419 -> 424-425, 4k 509-518 ->
+  // 519-521, 16k 496-530 -> 508-529.
+  static constexpr bool kKvMulticast = !kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<64, true> = 2048;
@@ -80,6 +85,11 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // Causal: the same two loop details as d64, bf16, same run, two rounds:
   // 1k 388 -> 390, 4k 523 -> 535, 16k 575 -> 598; non-causal unchanged.
   static constexpr bool kSumChains = kCausal, kSkipUnchangedRescale = kCausal;
+  // Non-causal: two-CTA clusters share K and V (Traits::kClusterKv): same
+  // run, three rounds, bf16 1k 527-530 -> 539-544, 4k 600-609 -> 616-617,
+  // 16k 617-659 -> 630-636; sustained (300 calls, power-capped) 16k 620 ->
+  // 628 TFLOP/s.
+  static constexpr bool kKvMulticast = !kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<128, false> = 2048;
@@ -98,6 +108,10 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // 758, 16k 751 -> 777; causal 1k 383 -> 392, 8k 627 -> 650; fp16
   // non-causal 16k 650 -> 683, causal 4k 555 -> 569; 512 equal.
   static constexpr bool kSoftmaxUnderPv = true;
+  // No two-CTA clusters (Traits::kClusterKv): with two 80-key stages the
+  // pair's lockstep costs more than the L2 traffic saves (same run, three
+  // rounds, bf16 non-causal 1k 552-556 -> 537-542, 4k 665-669 -> 628-631,
+  // 16k 695-701 -> 649-656).
 };
 template <>
 inline constexpr int kShortMaxSeqlen<256, true> = 1024;
@@ -122,6 +136,10 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // same run, 4 rounds, 4k 859-862 -> 868-875, 8k 861-888 -> 896-909, 16k
   // 829-862 -> 851-872; the hook after 1/4 or 3/4 of them loses (4k 817-851).
   static constexpr bool kNextMaxEarly = !kCausal;
+  // Non-causal: two-CTA clusters share K and V (Traits::kClusterKv): same
+  // run, three rounds, 4k 868-872 -> 860-864, 16k 879-922 -> 906-911;
+  // sustained (400 calls, power-capped) 16k 845 -> 861 at 1830 -> 1860 MHz.
+  static constexpr bool kKvMulticast = !kCausal;
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> : LoopDefaults {
@@ -136,6 +154,10 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // three rounds: 4k 1130, 1145, 1119 -> 1087, 1138, 1110; 16k 1189, 1201,
   // 1186 -> 1139, 1096, 1143), so it keeps them in regular ones.
   static constexpr bool kUniformWarpgroupIndex = kCausal;
+  // Non-causal: two-CTA clusters share K and V (Traits::kClusterKv): same
+  // run, three rounds, 4k 1072-1078 -> 1104-1132, 16k 1111-1164 ->
+  // 1144-1187.
+  static constexpr bool kKvMulticast = !kCausal;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -230,6 +252,16 @@ struct Traits {
   static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
   static constexpr int kThreads = kProducerWarpgroups * kWarpgroupThreads + kConsumerThreads;
 
+  // Non-causal K and V tiles shared by a cluster of two CTAs that work on two
+  // query blocks of the same head (launch.cuh launches clusters when a head's
+  // query blocks pair up, else single CTAs): each CTA loads half of every K
+  // and V tile and multicasts it to both, which halves the L2 -> SM traffic.
+  // Under the power cap that traffic costs clock: loading K and V twice took
+  // bf16 d128 non-causal 16k from 623 to 577 TFLOP/s sustained (SM clock 1690
+  // -> 1575 MHz at 700 W) and fp8 d128 857 -> 819 (1845 -> 1760 MHz).
+  static constexpr bool kClusterKv = Config::kKvMulticast && !kCausal && kWarpSpecialized;
+  static constexpr int kClusterCtas = kClusterKv ? 2 : 1;
+
   // setmaxnreg budgets: 65536 registers per SM, one CTA per SM; the producer
   // needs only addresses, the consumers hold S, P and O and share the rest
   // (240 each for two consumer warpgroups, 160 for three; multiples of 8).
@@ -262,6 +294,9 @@ struct Traits {
   static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
   static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
+  // Rows of one K or V load (a TMA box): half a tile with kClusterKv.
+  static constexpr int kKLoadRows = kBlockN / kClusterCtas;
+  static constexpr int kVLoadRows = (kFp8 ? kHeadDim : kBlockN) / kClusterCtas;
   static constexpr int kSAccRegs = kBlockN / 2;   // 64 x kBlockN fp32 over 128 threads
   static constexpr int kPRegs = kSAccRegs * kElementBytes / 4;  // P packed in 32-bit registers
   static constexpr int kOAccRegs = kHeadDim / 2;  // 64 x kHeadDim fp32 over 128 threads
@@ -293,6 +328,8 @@ struct Traits {
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
   static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
+  static_assert(kKLoadRows % 8 == 0 && kVLoadRows % 8 == 0,
+                "half tiles keep whole 8-row swizzle atoms");
 };
 
 }  // namespace flash3::sm90::fwd
