@@ -7,9 +7,11 @@
 // (G = gridDim.x). With two-CTA clusters (Traits::kClusterKv; G even, and
 // launched only when every head has an even number of query blocks) the
 // CTAs 2i and 2i + 1 of a cluster thus always hold query blocks 2j and
-// 2j + 1 of one head, which read the same K and V. Causal tiles cost in proportion to m_block + 1, so each
-// head's blocks are ordered longest, shortest, second longest, second
-// shortest, ... and CTAs take them in pairs (2c, 2c + 1), (2c + 2G, ...):
+// 2j + 1 of one head, which read the same K and V.
+//
+// Causal tiles cost in proportion to m_block + 1, so each head's blocks are
+// ordered longest, shortest, second longest, second shortest, ... and CTAs
+// take them in pairs (2c, 2c + 1), (2c + 2G, ...):
 // every pair costs about the same, which keeps the CTAs both balanced and in
 // step, and so on the same heads' K and V.
 #pragma once

@@ -109,8 +109,8 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // non-causal 16k 650 -> 683, causal 4k 555 -> 569; 512 equal.
   static constexpr bool kSoftmaxUnderPv = true;
   // No two-CTA clusters (Traits::kClusterKv): with two 80-key stages the
-  // pair's lockstep costs more than the L2 traffic saves (same run, three
-  // rounds, bf16 non-causal 1k 552-556 -> 537-542, 4k 665-669 -> 628-631,
+  // pair's lockstep probably costs more than the L2 traffic saves (same
+  // run, three rounds, bf16 non-causal 1k 552-556 -> 537-542, 4k 665-669 -> 628-631,
   // 16k 695-701 -> 649-656).
 };
 template <>
