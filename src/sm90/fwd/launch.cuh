@@ -10,6 +10,7 @@
 
 #include "api/dispatch.hpp"
 #include "kernel.cuh"
+#include "grid.hpp"
 #include "sm90/common/tensor_map.hpp"
 
 namespace flash3::detail {
@@ -135,30 +136,24 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
                 std::to_string(tiles) + " tiles exceeds 2^31-1"};
   }
   args.num_tiles = static_cast<int>(tiles);
-  // Persistent: at most one CTA per SM, each walking its share of the tiles
-  // (scheduler.cuh); causal CTAs take tiles in pairs.
+  // Persistent, in two-CTA clusters where the kernel shares K and V and the
+  // tiles pair up (grid.hpp).
   constexpr int kTilesPerStep = sm90::fwd::TileScheduler::kTilesPerStep<kCausal>;
-  const long long ctas = std::min<long long>((tiles + kTilesPerStep - 1) / kTilesPerStep,
-                                             p.num_sms);
-  unsigned grid = static_cast<unsigned>(ctas);
   constexpr auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
   cudaError_t err = allow_dynamic_smem<kernel>(kSmemBytes, p.device);
-  // Clusters of two CTAs share K and V (Traits::kClusterKv) when every
-  // head's query blocks pair up, so both CTAs of a cluster always work on
-  // the same head (scheduler.cuh: CTA c takes tiles c, c + G, ...).
-  int clusters = 0;
+  int max_clusters = 0;
   if constexpr (T::kClusterKv) {
-    if (err == cudaSuccess && args.num_m_blocks % 2 == 0) {
-      clusters = static_cast<int>(std::min<long long>(
-          tiles / 2, max_active_clusters<kernel, 2>(T::kThreads, kSmemBytes, p.device)));
+    if (err == cudaSuccess) {
+      max_clusters = max_active_clusters<kernel, 2>(T::kThreads, kSmemBytes, p.device);
     }
   }
-  if (err == cudaSuccess && clusters > 0) {
-    grid = 2 * static_cast<unsigned>(clusters);
-    const ClusterLaunch launch(grid, T::kThreads, kSmemBytes, stream, 2);
+  const GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms,
+                                  T::kClusterKv, max_clusters);
+  if (err == cudaSuccess && grid.clusters) {
+    const ClusterLaunch launch(grid.ctas, T::kThreads, kSmemBytes, stream, 2);
     err = cudaLaunchKernelEx(&launch.config, kernel, args);
   } else if (err == cudaSuccess) {
-    kernel<<<grid, T::kThreads, kSmemBytes, stream>>>(args);
+    kernel<<<grid.ctas, T::kThreads, kSmemBytes, stream>>>(args);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {
