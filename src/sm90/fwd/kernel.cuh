@@ -29,13 +29,13 @@ template <class T>
 __device__ void init_barriers(SharedStorage<T>& smem) {
   smem.q_full.init(1);
   smem.q_empty.init(T::kQReleaseArrivals);
+  // Every consumer thread of every CTA that reads what this CTA's producer
+  // writes arrives on "empty" (Mainloop::release).
+  const uint32_t releases = T::kConsumerThreads * (T::kClusterKv ? cluster_size() : 1);
 #pragma unroll
   for (int s = 0; s < T::kStages; ++s) {
     smem.k_full[s].init(1);  // the producer's arrive_expect_tx
     smem.v_full[s].init(1);
-    // Every consumer thread of every CTA that reads what this CTA's producer
-    // writes (Mainloop::release).
-    const uint32_t releases = T::kConsumerThreads * (T::kClusterKv ? cluster_size() : 1);
     smem.k_empty[s].init(releases);
     smem.v_empty[s].init(releases);
   }

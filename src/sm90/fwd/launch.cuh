@@ -15,25 +15,6 @@
 
 namespace flash3::detail {
 
-// cudaFuncSetAttribute once per (kernel, device): it costs microseconds, and
-// the attribute stays set for the context's lifetime. The flags are per
-// kernel, so the kernel is a template argument (not its type, which all
-// forward kernels share).
-template <auto kKernel>
-cudaError_t allow_dynamic_smem(int smem_bytes, int device) {
-  static std::atomic<unsigned long long> done_on_devices{0};
-  const unsigned long long bit = device >= 0 && device < 64 ? 1ull << device : 0;
-  if (bit != 0 && (done_on_devices.load(std::memory_order_relaxed) & bit) != 0) {
-    return cudaSuccess;
-  }
-  cudaError_t err =
-      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err == cudaSuccess) {
-    done_on_devices.fetch_or(bit, std::memory_order_relaxed);
-  }
-  return err;
-}
-
 // A launch of `ctas` CTAs of `threads` in clusters of `cluster_ctas`.
 struct ClusterLaunch {
   cudaLaunchConfig_t config{};
@@ -56,26 +37,40 @@ struct ClusterLaunch {
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
 };
 
-// Clusters of kCtas CTAs of this kernel that fit on the device at once
-// (cudaOccupancyMaxActiveClusters; 66 of two on the H200's 132 SMs), once
-// per (kernel, device); 0 if none.
-template <auto kKernel, int kCtas>
-int max_active_clusters(int threads, int smem_bytes, int device) {
-  static std::atomic<int> cached[64] = {};
-  std::atomic<int>* slot = device >= 0 && device < 64 ? &cached[device] : nullptr;
+// Once per (kernel, device), since each costs microseconds and holds for the
+// context's lifetime: the kernel's dynamic shared memory attribute and, with
+// kClusterCtas > 1, how many such clusters of it fit on the device at once
+// (cudaOccupancyMaxActiveClusters: 66 of two on the H200's 132 SMs; 0 if
+// none, and the launch goes without clusters). The kernel is a template
+// argument (not its type, which all forward kernels share).
+struct KernelSetup {
+  cudaError_t err;
+  int max_clusters;
+};
+template <auto kKernel, int kClusterCtas>
+KernelSetup setup_kernel(int threads, int smem_bytes, int device) {
+  static std::atomic<int> done[64] = {};  // max_clusters + 1 once set up
+  std::atomic<int>* slot = device >= 0 && device < 64 ? &done[device] : nullptr;
   if (slot != nullptr && slot->load(std::memory_order_relaxed) > 0) {
-    return slot->load(std::memory_order_relaxed);
+    return {cudaSuccess, slot->load(std::memory_order_relaxed) - 1};
   }
-  const ClusterLaunch launch(kCtas, threads, smem_bytes, nullptr, kCtas);
+  const cudaError_t err =
+      cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) {
+    return {err, 0};
+  }
   int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &launch.config) != cudaSuccess) {
-    (void)cudaGetLastError();  // not sticky: the launch goes without clusters
-    return 0;
+  if constexpr (kClusterCtas > 1) {
+    const ClusterLaunch launch(kClusterCtas, threads, smem_bytes, nullptr, kClusterCtas);
+    if (cudaOccupancyMaxActiveClusters(&clusters, kKernel, &launch.config) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky
+      clusters = 0;
+    }
   }
   if (slot != nullptr) {
-    slot->store(clusters, std::memory_order_relaxed);
+    slot->store(clusters + 1, std::memory_order_relaxed);
   }
-  return clusters;
+  return {cudaSuccess, clusters};
 }
 
 // The tensor map of V: rows of the head dim as given (16-bit), or for fp8
@@ -140,17 +135,13 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   // tiles pair up (grid.hpp).
   constexpr int kTilesPerStep = sm90::fwd::TileScheduler::kTilesPerStep<kCausal>;
   constexpr auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
-  cudaError_t err = allow_dynamic_smem<kernel>(kSmemBytes, p.device);
-  int max_clusters = 0;
-  if constexpr (T::kClusterKv) {
-    if (err == cudaSuccess) {
-      max_clusters = max_active_clusters<kernel, 2>(T::kThreads, kSmemBytes, p.device);
-    }
-  }
+  const KernelSetup setup =
+      setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);
+  cudaError_t err = setup.err;
   const GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms,
-                                  T::kClusterKv, max_clusters);
+                                  T::kClusterKv, setup.max_clusters);
   if (err == cudaSuccess && grid.clusters) {
-    const ClusterLaunch launch(grid.ctas, T::kThreads, kSmemBytes, stream, 2);
+    const ClusterLaunch launch(grid.ctas, T::kThreads, kSmemBytes, stream, T::kClusterCtas);
     err = cudaLaunchKernelEx(&launch.config, kernel, args);
   } else if (err == cudaSuccess) {
     kernel<<<grid.ctas, T::kThreads, kSmemBytes, stream>>>(args);

@@ -423,8 +423,8 @@ struct Mainloop {
       return;
     }
     if constexpr (T::kQkAhead) {
-      compute_ahead(n_block_end, warpgroup, pipe, q_addr, o, o_units, softmax, softmax_step,
-                    v_scale, mask_block, block_scale);
+      compute_ahead(n_block_end, warpgroup, pipe, q_addr, o, o_units, softmax, v_scale,
+                    mask_block, block_scale);
       return;
     }
     Pipeline& k_pipe = pipe;
@@ -508,11 +508,10 @@ struct Mainloop {
   // T::kNextMaxEarly: the row max of S_{n-1} is taken in the middle of the
   // exponentials of S_n (after waiting for S_{n-1} there), so the next step
   // starts with its exponentials.
-  template <class SoftmaxStep, class VScale, class MaskBlock, class BlockScale>
+  template <class VScale, class MaskBlock, class BlockScale>
   __device__ void compute_ahead(int n_block_end, int warpgroup, Pipeline& pipe, uint32_t q_addr,
                                 float (&o)[T::kOAccRegs], float& o_units, Softmax& softmax,
-                                SoftmaxStep& softmax_step, VScale& v_scale,
-                                MaskBlock& mask_block, BlockScale& block_scale) {
+                                VScale& v_scale, MaskBlock& mask_block, BlockScale& block_scale) {
     const int n0 = n_block_end - 1;
     Pipeline qk_pipe = pipe;  // the next K to multiply
     Pipeline pv_pipe = pipe;  // the next V to multiply
@@ -560,8 +559,8 @@ struct Mainloop {
         release_q();
       }
       if constexpr (T::kNextMaxEarly) {
-        const float block_max[Softmax::kRows] = {next_max[0], next_max[1]};
-        softmax.template step_from_max<true>(s, block_max, rescale, block_scale(n), [&] {
+        // next_max is read before mid() overwrites it with S_{n-1}'s.
+        softmax.template step_from_max<true>(s, next_max, rescale, block_scale(n), [&] {
           if constexpr (kQk) {
             // The first half of the exponentials stays before the wait.
             schedule_after(softmax.row_sum[0], softmax.row_sum[1]);
@@ -572,7 +571,8 @@ struct Mainloop {
           }
         });
       } else {
-        softmax_step(s, n, rescale);
+        mask_block(s, n);
+        softmax.step(s, rescale, block_scale(n));
       }
       const float units = T::kFp8 ? v_scale(n) : 1.0f;
       keep_softmax_under_pv(softmax);
