@@ -1,6 +1,6 @@
 // flash3_bench: forward throughput of flash3 over the grid of shared/TARGETS.md.
 //
-// Every cell has batch x seqlen = 16384 tokens (one batch from seqlen 16384 up) and
+// Every cell has batch x seqlen = 16384 tokens (one batch from seqlen 16384 up; --batch sets it) and
 // hidden 2048, so heads = 2048 / headdim. Inputs are random normal, made on the GPU.
 // Each figure is the median of --iters CUDA-event timings of one flash3::forward call
 // (writing the log-sum-exp too, as the Python API does) after --warmup calls.
@@ -41,6 +41,8 @@ const char kUsage[] =
     "  --headdim LIST|all            comma-separated, from 64,128,256 (default all)\n"
     "  --causal 0|1|all              (default all)\n"
     "  --seqlen LIST|all             comma-separated (default 512,1024,2048,4096,8192,16384)\n"
+    "  --batch N                     batch of every cell (default 16384 / seqlen, at least 1:\n"
+    "                                the grid's 16384 tokens)\n"
     "  --warmup N                    untimed calls per cell (default 5)\n"
     "  --iters N                     timed calls per cell, median reported (default 20)\n"
     "  --json PATH                   also write the results as JSON\n"
@@ -55,6 +57,7 @@ struct Options {
   std::vector<int> seqlens{512, 1024, 2048, 4096, 8192, 16384};
   int warmup = 5;
   int iters = 20;
+  int batch = 0;                 // --batch; 0: the grid's 16384 / seqlen
   bool fp8_head_scales = false;  // --fp8-scales head
   std::string json_path;
   std::string commit;
@@ -130,6 +133,11 @@ Options parse_options(int argc, char** argv) {
       o.seqlens = parse_ints(flag, value, o.seqlens);
     } else if (flag == "--warmup") {
       o.warmup = parse_int(flag, value);
+    } else if (flag == "--batch") {
+      o.batch = parse_int(flag, value);
+      if (o.batch < 1) {
+        usage_error("--batch must be at least 1");
+      }
     } else if (flag == "--iters") {
       o.iters = parse_int(flag, value);
     } else if (flag == "--fp8-scales") {
@@ -318,8 +326,8 @@ int main(int argc, char** argv) {
     return kExitNoHopper;
   }
   // One allocation per tensor, big enough for every cell: cells use a prefix.
-  const int64_t max_tokens =
-      std::max<int64_t>(kTokens, *std::max_element(o.seqlens.begin(), o.seqlens.end()));
+  const int64_t max_seqlen = *std::max_element(o.seqlens.begin(), o.seqlens.end());
+  const int64_t max_tokens = std::max<int64_t>(kTokens, max_seqlen) * std::max(1, o.batch);
   const int64_t elements = max_tokens * kHidden;
   const int64_t max_heads = kHidden / *std::min_element(o.headdims.begin(), o.headdims.end());
   void *q, *k, *v, *out;
@@ -382,8 +390,9 @@ int main(int argc, char** argv) {
     for (int headdim : o.headdims) {
       for (int causal : o.causals) {
         for (int seqlen : o.seqlens) {
-          Record r{dtype, headdim, causal, static_cast<int>(std::max<int64_t>(1, kTokens / seqlen)),
-                   seqlen, static_cast<int>(kHidden / headdim)};
+          const int batch =
+              o.batch > 0 ? o.batch : static_cast<int>(std::max<int64_t>(1, kTokens / seqlen));
+          Record r{dtype, headdim, causal, batch, seqlen, static_cast<int>(kHidden / headdim)};
           const auto tensor = [&](void* data, flash3::DType t) {
             return flash3::Tensor::contiguous(data, t, r.batch, seqlen, r.heads, headdim);
           };
