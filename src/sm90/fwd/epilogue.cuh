@@ -44,12 +44,14 @@ struct Epilogue {
         inv_sum[r] *= o_units;
       }
     }
-    if (work.kind == Piece::kPartial) {
-      write_partial(smem, args, warpgroup, o, inv_sum, lse);
-      return;
-    }
-    if (work.kind == Piece::kFinal) {
-      fold_partials(args, warpgroup, work.partners, o, inv_sum, lse);
+    if constexpr (T::kTailSplit) {
+      if (work.kind == Piece::kPartial) {
+        write_partial(smem, args, warpgroup, o, inv_sum, lse);
+        return;
+      }
+      if (work.kind == Piece::kFinal) {
+        fold_partials(args, warpgroup, work.partners, o, inv_sum, lse);
+      }
     }
     const FragmentCoord c = FragmentCoord::current();
     const int tile_row0 = warpgroup * kMmaM + c.warp * 16 + c.row;  // row in the CTA tile

@@ -25,6 +25,10 @@ struct GridPlan {
 // pipeline start, the partial O written and read back): the split must
 // shorten the last wave by at least this many key blocks.
 inline constexpr int kMinTailSaving = 2;
+// And the split is for long sequences only: a step of at least this many
+// key blocks (H200, same run: at 1k-2k the pieces' costs outweighed the
+// shorter wave, bf16 d128 causal 1k 410 -> 399 TFLOP/s; from 4k it gained).
+inline constexpr int kMinSplitStepBlocks = 32;
 
 // The tail split of `tiles` tiles over `ctas` CTAs in groups of group_ctas
 // taking tiles_per_step tiles a step of step_blocks key blocks

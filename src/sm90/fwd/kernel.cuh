@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     const int consumer = warpgroup - T::kProducerWarpgroups;
     mainloop.start_turns(consumer);
     Work work;
-    for (int step = 0; scheduler.work<kCausal>(step, mask, work); ++step) {
+    for (int step = 0; scheduler.work<kCausal, T::kTailSplit>(step, mask, work); ++step) {
       float o[T::kOAccRegs];
 #pragma unroll
       for (int r = 0; r < T::kOAccRegs; ++r) {

@@ -146,8 +146,10 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
                                   args.num_m_blocks % 2 == 0;
   const int step_blocks =
       kCausal ? args.num_m_blocks + 1 : (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  const bool split = T::kTailSplit && (!kCausal || causal_pairs_equal) &&
+                     step_blocks >= kMinSplitStepBlocks;
   GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
-                            setup.max_clusters, !kCausal || causal_pairs_equal, step_blocks);
+                            setup.max_clusters, split, step_blocks);
   if (grid.tail.tail_blocks > 0) {
     constexpr size_t kFlagBytes = 256;  // per CTA, kConsumerWarpgroups used
     constexpr size_t kLseFloats = 2 * T::kConsumerThreads;

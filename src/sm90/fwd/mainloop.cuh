@@ -90,7 +90,7 @@ struct Mainloop {
   LoadCursor loads;  // without warp specialization: consumer thread 0's loads
 
   __device__ void start_step(LoadCursor& c) const {
-    c.valid = scheduler.work<kCausal>(c.step, mask, c.work);
+    c.valid = scheduler.template work<kCausal, T::kTailSplit>(c.step, mask, c.work);
     if (c.valid) {
       c.head_kv = c.work.tile.head / args.heads_per_kv_head;
       c.n = c.work.n_end - 1;

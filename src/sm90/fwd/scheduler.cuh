@@ -49,17 +49,28 @@ struct TileScheduler {
 
   // The work of this CTA's step `step` (0, 1, ...); false past its last.
   // Causal: tiles 2c, 2c + 1, 2c + 2G, 2c + 2G + 1, ..., whole ones with the
-  // key blocks their rows see (mask.n_block_end).
-  template <bool kCausal, class Mask>
+  // key blocks their rows see (mask.n_block_end). kTailSplit: the kernel
+  // may take pieces (Traits::kTailSplit); without it, whole tiles only.
+  template <bool kCausal, bool kTailSplit, class Mask>
   __device__ bool work(int step, const Mask& mask, Work& w) const {
+    const int cta = static_cast<int>(blockIdx.x);
     Piece piece;
-    if (!tail.piece(static_cast<int>(blockIdx.x), step, &piece)) {
-      return false;
+    if constexpr (kTailSplit) {
+      if (!tail.piece_of<kCausal>(cta, step, &piece)) {
+        return false;
+      }
+    } else {
+      constexpr int kStep = kTilesPerStep<kCausal>;
+      const int index =
+          step / kStep * kStep * static_cast<int>(gridDim.x) + kStep * cta + step % kStep;
+      if (index >= num_tiles) {
+        return false;
+      }
+      piece = {index, 0, 0, Piece::kWhole, 0};
     }
     w.tile = tile<kCausal>(piece.tile);
     w.n_begin = piece.n_begin;
-    w.n_end = kCausal && piece.kind == Piece::kWhole ? mask.n_block_end(w.tile.m_block)
-                                                     : piece.n_end;
+    w.n_end = piece.kind == Piece::kWhole ? mask.n_block_end(w.tile.m_block) : piece.n_end;
     w.kind = piece.kind;
     w.partners = piece.partners;
     return true;

@@ -54,10 +54,14 @@ struct TailSchedule {
   // its last. Whole tiles say n_end = n_blocks (non-causal) or 0 (causal:
   // the tile's mask knows).
   FLASH3_HOST_DEVICE bool piece(int cta, int step, Piece* out) const {
-    const int per_step = causal ? 2 : 1;
-    const int index = step / per_step * per_step * ctas + per_step * cta + step % per_step;
+    return causal ? piece_of<true>(cta, step, out) : piece_of<false>(cta, step, out);
+  }
+  template <bool kCausal>
+  FLASH3_HOST_DEVICE bool piece_of(int cta, int step, Piece* out) const {
+    constexpr int kPerStep = kCausal ? 2 : 1;
+    const int index = step / kPerStep * kPerStep * ctas + kPerStep * cta + step % kPerStep;
     if (index < split.split_tiles) {
-      *out = {index, 0, causal ? 0 : n_blocks, Piece::kWhole, 0};
+      *out = {index, 0, kCausal ? 0 : n_blocks, Piece::kWhole, 0};
       return true;
     }
     if (split.tail_blocks == 0) {
@@ -65,33 +69,30 @@ struct TailSchedule {
     }
     const int k = step - split.split_tiles / ctas;  // causal: 2 tiles a step, 2 per CTA a wave
     const int group = cta / group_ctas;
-    const int units = tail_units();
+    const int units = tail_units<kCausal>();
     const int lo = group * split.tail_blocks;
     const int hi = lo + split.tail_blocks < units ? lo + split.tail_blocks : units;
     if (lo >= hi) {
       return false;
     }
-    const int seg = segment_of(lo) + k;  // a tile (causal) or pair-tile of the tail
+    const int seg = segment_of<kCausal>(lo) + k;  // a tile (causal) or pair-tile of the tail
     int start, len;
-    span(seg, &start, &len);
+    span<kCausal>(seg, &start, &len);
     if (start >= hi) {
       return false;
     }
     const int o_lo = lo > start ? lo - start : 0;  // the piece's units within the segment
     const int o_hi = hi - start < len ? hi - start : len;
-    out->tile = split.split_tiles + seg * group_ctas + cta % group_ctas;
-    out->n_begin = len - o_hi;  // unit o is key block len - 1 - o
-    out->n_end = len - o_lo;
-    out->partners = 0;
-    if (o_lo > 0) {
-      out->kind = Piece::kPartial;
-    } else if (o_hi == len) {
-      *out = {out->tile, 0, causal ? 0 : n_blocks, Piece::kWhole, 0};
+    const int tile = split.split_tiles + seg * group_ctas + cta % group_ctas;
+    if (o_lo == 0 && o_hi == len) {
+      *out = {tile, 0, kCausal ? 0 : n_blocks, Piece::kWhole, 0};
+    } else if (o_lo > 0) {
+      *out = {tile, len - o_hi, len - o_lo, Piece::kPartial, 0};  // unit o: key block len - 1 - o
     } else {
       // The groups whose ranges start inside this segment, after this one.
       const int end = start + len < units ? start + len : units;
-      out->kind = Piece::kFinal;
-      out->partners = (end + split.tail_blocks - 1) / split.tail_blocks - (group + 1);
+      const int partners = (end + split.tail_blocks - 1) / split.tail_blocks - (group + 1);
+      *out = {tile, len - o_hi, len, Piece::kFinal, partners};
     }
     return true;
   }
@@ -102,19 +103,22 @@ struct TailSchedule {
   FLASH3_HOST_DEVICE int long_blocks(int q) const {
     return n_blocks - (split.split_tiles + 2 * q) % n_blocks / 2;
   }
+  template <bool kCausal>
   FLASH3_HOST_DEVICE int tail_units() const {
-    return causal ? (num_tiles - split.split_tiles) / 2 * (n_blocks + 1)
-                  : (num_tiles - split.split_tiles) / group_ctas * n_blocks;
+    return kCausal ? (num_tiles - split.split_tiles) / 2 * (n_blocks + 1)
+                   : (num_tiles - split.split_tiles) / group_ctas * n_blocks;
   }
+  template <bool kCausal>
   FLASH3_HOST_DEVICE int segment_of(int unit) const {
-    if (!causal) {
+    if (!kCausal) {
       return unit / n_blocks;
     }
     const int q = unit / (n_blocks + 1);
     return 2 * q + (unit % (n_blocks + 1) >= long_blocks(q) ? 1 : 0);
   }
+  template <bool kCausal>
   FLASH3_HOST_DEVICE void span(int seg, int* start, int* len) const {
-    if (!causal) {
+    if (!kCausal) {
       *start = seg * n_blocks;
       *len = n_blocks;
       return;

@@ -36,6 +36,7 @@ struct LoopDefaults {
   static constexpr bool kSoftmaxUnderPv = false;
   static constexpr bool kUniformWarpgroupIndex = true;
   static constexpr bool kKvMulticast = false;
+  static constexpr bool kTailSplit = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -90,6 +91,11 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // 16k 617-659 -> 630-636; sustained (300 calls, power-capped) 16k 620 ->
   // 628 TFLOP/s.
   static constexpr bool kKvMulticast = !kCausal;
+  // The last wave split in pieces (Traits::kTailSplit), long sequences:
+  // same run, three rounds, bf16 causal 4k 556-561 -> 565-576, 8k 582-592 ->
+  // 610-614, 16k 604-606 -> 619-626; non-causal 16k 640-641 -> 650-657.
+  // Not the short non-causal variant (1k 555-562 -> 553-557).
+  static constexpr bool kTailSplit = kCausal || !kShort;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<128, false> = 2048;
@@ -140,6 +146,10 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // run, three rounds, 4k 868-872 -> 860-864, 16k 879-922 -> 906-911;
   // sustained (400 calls, power-capped) 16k 845 -> 861 at 1830 -> 1860 MHz.
   static constexpr bool kKvMulticast = !kCausal;
+  // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
+  // run, three rounds, 8k 887-898 -> 890-903, 16k 884-896 -> 891-925.
+  // Causal lost at every length (16k 802-807 -> 778-779).
+  static constexpr bool kTailSplit = !kCausal;
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> : LoopDefaults {
@@ -158,6 +168,11 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // run, three rounds, 4k 1072-1078 -> 1104-1132, 16k 1111-1164 ->
   // 1144-1187.
   static constexpr bool kKvMulticast = !kCausal;
+  // The last wave split in pieces (Traits::kTailSplit): same run, three
+  // rounds, non-causal 4k 1146-1154 -> 1179-1180, 8k 1165-1176 -> 1238-1241,
+  // 16k 1146-1194 -> 1178-1254; causal 8k 1044-1110 -> 1097-1136, 16k
+  // 1138-1163 -> 1178-1201.
+  static constexpr bool kTailSplit = true;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -239,6 +254,15 @@ struct Traits {
   // registers instead of regular ones copied (R2UR) before every wgmma: no
   // kernel spills with it, and d128 / d256 gain 1-3% (design.md, lessons).
   static constexpr bool kUniformWarpgroupIndex = Config::kUniformWarpgroupIndex;
+
+  // The last wave of tiles cut into pieces of key blocks shared out evenly
+  // (tail_split.hpp), where launch.cuh finds it pays; kernels without it
+  // take whole tiles only and carry none of its code. The pieces' own costs
+  // (a Q load and pipeline start each, the partial O written and folded,
+  // more scheduling work per tile) lost 2-6% on short sequences, and 16-bit
+  // d64 and d256 lost at every length (same run, three rounds, d256
+  // non-causal 1k 559 -> 525-536, 16k 707-708 -> 708-710).
+  static constexpr bool kTailSplit = Config::kTailSplit;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
   // softmax). Without warp specialization (ablation only) there is no
