@@ -27,7 +27,8 @@ struct GridPlan {
 inline constexpr int kMinTailSaving = 2;
 // And the split is for long sequences only: a step of at least this many
 // key blocks (H200, same run: at 1k-2k the pieces' costs outweighed the
-// shorter wave, bf16 d128 causal 1k 410 -> 399 TFLOP/s; from 4k it gained).
+// shorter wave, bf16 d128 causal 1k 410 -> 399 TFLOP/s; from 4k it gained;
+// traits.cuh has the figures).
 inline constexpr int kMinSplitStepBlocks = 32;
 
 // The tail split of `tiles` tiles over `ctas` CTAs in groups of group_ctas

@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     const int consumer = warpgroup - T::kProducerWarpgroups;
     mainloop.start_turns(consumer);
     Work work;
-    for (int step = 0; scheduler.work<kCausal, T::kTailSplit>(step, mask, work); ++step) {
+    for (auto at = scheduler.begin<kCausal>();
+         scheduler.work<kCausal, T::kTailSplit>(at, mask, work); scheduler.advance<kCausal>(at)) {
       float o[T::kOAccRegs];
 #pragma unroll
       for (int r = 0; r < T::kOAccRegs; ++r) {
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       }
       typename Mainloop<T, kCausal>::Softmax softmax;
       float o_units = 1.0f;  // fp8: O is in units of a V descale
-      mainloop.compute(work, consumer, pipe, step, o, softmax, o_units);
+      mainloop.compute(work, consumer, pipe, at.step, o, softmax, o_units);
       Epilogue<T>::store(smem, args, work, consumer, o, softmax, o_units);
     }
   }

@@ -76,8 +76,8 @@ struct Mainloop {
   // the previous step's epilogue.
   enum class LoadStep { kK, kQ, kV };
   struct LoadCursor {
-    int step;    // this CTA's step (TileScheduler::work), also the parity count of the Q barriers
-    bool valid;  // false past the last step
+    TileScheduler::Cursor at;  // at.step: the parity count of the Q barriers
+    bool valid;                // false past the last step
     Work work;
     int head_kv;  // the K/V head of work.tile.head (GQA)
     int n;        // the key block being loaded
@@ -90,7 +90,7 @@ struct Mainloop {
   LoadCursor loads;  // without warp specialization: consumer thread 0's loads
 
   __device__ void start_step(LoadCursor& c) const {
-    c.valid = scheduler.template work<kCausal, T::kTailSplit>(c.step, mask, c.work);
+    c.valid = scheduler.template work<kCausal, T::kTailSplit>(c.at, mask, c.work);
     if (c.valid) {
       c.head_kv = c.work.tile.head / args.heads_per_kv_head;
       c.n = c.work.n_end - 1;
@@ -99,7 +99,7 @@ struct Mainloop {
   }
   __device__ LoadCursor first_load() const {
     LoadCursor c{};
-    c.step = 0;
+    c.at = scheduler.begin<kCausal>();
     start_step(c);
     return c;
   }
@@ -123,7 +123,7 @@ struct Mainloop {
     switch (c.next) {
       case LoadStep::kQ:
         // The previous step's Q K^T GEMMs (and O staged in Q) are done with it.
-        if (c.step > 0 && !acquire(smem.q_empty, (c.step - 1) & 1)) {
+        if (c.at.step > 0 && !acquire(smem.q_empty, (c.at.step - 1) & 1)) {
           return false;
         }
         load_q(c.work.tile);
@@ -148,7 +148,7 @@ struct Mainloop {
         break;
     }
     if (c.n < c.work.n_begin && c.next != LoadStep::kQ) {  // the step is loaded
-      ++c.step;
+      scheduler.advance<kCausal>(c.at);
       start_step(c);
     }
     return true;
@@ -390,7 +390,7 @@ struct Mainloop {
   __device__ void compute(const Work& work, int warpgroup, Pipeline& pipe, int step,
                           float (&o)[T::kOAccRegs], Softmax& softmax, float& o_units) {
     const Tile& tile = work.tile;
-    const int n_begin = work.n_begin, n_end = work.n_end;
+    const int n_begin = T::kTailSplit ? work.n_begin : 0, n_end = work.n_end;
     const FragmentCoord c = FragmentCoord::current();
     const int row0 = tile.m_block * kBlockM + warpgroup * kMmaM + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;

@@ -47,26 +47,37 @@ struct TileScheduler {
   template <bool kCausal>
   static constexpr int kTilesPerStep = kCausal ? 2 : 1;
 
-  // The work of this CTA's step `step` (0, 1, ...); false past its last.
-  // Causal: tiles 2c, 2c + 1, 2c + 2G, 2c + 2G + 1, ..., whole ones with the
-  // key blocks their rows see (mask.n_block_end). kTailSplit: the kernel
-  // may take pieces (Traits::kTailSplit); without it, whole tiles only.
+  // Where a CTA is in its sequence: the tile index of its whole-tile steps
+  // (c, c + G, ...; causal 2c, 2c + 1, 2c + 2G, ...) and the step count.
+  struct Cursor {
+    int index;
+    int step;
+  };
+  template <bool kCausal>
+  __device__ Cursor begin() const {
+    return {kTilesPerStep<kCausal> * static_cast<int>(blockIdx.x), 0};
+  }
+  template <bool kCausal>
+  __device__ void advance(Cursor& c) const {
+    constexpr int kStep = kTilesPerStep<kCausal>;
+    c.index = c.index % kStep != kStep - 1
+                  ? c.index + 1
+                  : c.index + 1 + (static_cast<int>(gridDim.x) - 1) * kStep;
+    ++c.step;
+  }
+
+  // The work at the cursor; false past the CTA's last. Whole tiles take the
+  // key blocks their rows see (mask.n_block_end). kTailSplit (the kernel's
+  // Traits::kTailSplit): past split_tiles, pieces of tiles (tail_split.hpp).
   template <bool kCausal, bool kTailSplit, class Mask>
-  __device__ bool work(int step, const Mask& mask, Work& w) const {
-    const int cta = static_cast<int>(blockIdx.x);
-    Piece piece;
+  __device__ bool work(const Cursor& c, const Mask& mask, Work& w) const {
+    Piece piece{c.index, 0, 0, Piece::kWhole, 0};
     if constexpr (kTailSplit) {
-      if (!tail.piece_of<kCausal>(cta, step, &piece)) {
+      if (!tail.piece_of<kCausal>(static_cast<int>(blockIdx.x), c.step, &piece)) {
         return false;
       }
-    } else {
-      constexpr int kStep = kTilesPerStep<kCausal>;
-      const int index =
-          step / kStep * kStep * static_cast<int>(gridDim.x) + kStep * cta + step % kStep;
-      if (index >= num_tiles) {
-        return false;
-      }
-      piece = {index, 0, 0, Piece::kWhole, 0};
+    } else if (c.index >= num_tiles) {
+      return false;
     }
     w.tile = tile<kCausal>(piece.tile);
     w.n_begin = piece.n_begin;

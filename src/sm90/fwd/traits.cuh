@@ -91,10 +91,12 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // 16k 617-659 -> 630-636; sustained (300 calls, power-capped) 16k 620 ->
   // 628 TFLOP/s.
   static constexpr bool kKvMulticast = !kCausal;
-  // The last wave split in pieces (Traits::kTailSplit), long sequences:
-  // same run, three rounds, bf16 causal 4k 556-561 -> 565-576, 8k 582-592 ->
-  // 610-614, 16k 604-606 -> 619-626; non-causal 16k 640-641 -> 650-657.
-  // Not the short non-causal variant (1k 555-562 -> 553-557).
+  // The last wave split in pieces (Traits::kTailSplit), where a step has 32
+  // key blocks or more: same run, three rounds, bf16 causal 4k 555-564 ->
+  // 566-576, 8k 589-597 -> 611-622, 16k 606-607 -> 625-632 (1k-2k, unsplit,
+  // equal); non-causal (176-key variant) 8k 631-656 -> 669-688, 16k
+  // 641-643 -> 648-654. Not the short non-causal variant, which never has
+  // 32 blocks a step.
   static constexpr bool kTailSplit = kCausal || !kShort;
 };
 template <>
@@ -146,10 +148,10 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // run, three rounds, 4k 868-872 -> 860-864, 16k 879-922 -> 906-911;
   // sustained (400 calls, power-capped) 16k 845 -> 861 at 1830 -> 1860 MHz.
   static constexpr bool kKvMulticast = !kCausal;
-  // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
-  // run, three rounds, 8k 887-898 -> 890-903, 16k 884-896 -> 891-925.
-  // Causal lost at every length (16k 802-807 -> 778-779).
-  static constexpr bool kTailSplit = !kCausal;
+  // No tail split (Traits::kTailSplit): with it, same run, three rounds,
+  // non-causal 16k gained 878-892 -> 893-913 but 1k-2k, unsplit, lost 5-6%
+  // to the kernel's other code (1k 699-703 -> 660), and causal 16k lost
+  // when split (802-807 -> 778-779).
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> : LoopDefaults {
@@ -169,9 +171,9 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // 1144-1187.
   static constexpr bool kKvMulticast = !kCausal;
   // The last wave split in pieces (Traits::kTailSplit): same run, three
-  // rounds, non-causal 4k 1146-1154 -> 1179-1180, 8k 1165-1176 -> 1238-1241,
-  // 16k 1146-1194 -> 1178-1254; causal 8k 1044-1110 -> 1097-1136, 16k
-  // 1138-1163 -> 1178-1201.
+  // rounds, non-causal 4k 1154-1158 -> 1168-1176, 8k 1171-1186 ->
+  // 1207-1233, 16k 1171-1201 -> 1195-1211; causal 16k 1142-1147 ->
+  // 1151-1188; unsplit 512-1k lose 1-4% to the kernel's other code.
   static constexpr bool kTailSplit = true;
 };
 
@@ -256,12 +258,13 @@ struct Traits {
   static constexpr bool kUniformWarpgroupIndex = Config::kUniformWarpgroupIndex;
 
   // The last wave of tiles cut into pieces of key blocks shared out evenly
-  // (tail_split.hpp), where launch.cuh finds it pays; kernels without it
-  // take whole tiles only and carry none of its code. The pieces' own costs
-  // (a Q load and pipeline start each, the partial O written and folded,
-  // more scheduling work per tile) lost 2-6% on short sequences, and 16-bit
-  // d64 and d256 lost at every length (same run, three rounds, d256
-  // non-causal 1k 559 -> 525-536, 16k 707-708 -> 708-710).
+  // (tail_split.hpp), where grid.hpp finds it pays; kernels without it take
+  // whole tiles only and carry none of its code. Split everywhere, the
+  // pieces' own costs (a Q load and pipeline start each, the partial O
+  // written and folded) lost 2-6% on sequences up to 2k (bf16 d128 causal
+  // 1k 410 -> 399), and 16-bit d64 and d256 lost at most lengths (same run,
+  // three rounds, d256 non-causal 1k 559 -> 525-536, 16k 707-708 ->
+  // 708-710): on for the tile configs that gained.
   static constexpr bool kTailSplit = Config::kTailSplit;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
