@@ -170,11 +170,12 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // run, three rounds, 4k 1072-1078 -> 1104-1132, 16k 1111-1164 ->
   // 1144-1187.
   static constexpr bool kKvMulticast = !kCausal;
-  // The last wave split in pieces (Traits::kTailSplit): same run, three
-  // rounds, non-causal 4k 1154-1158 -> 1168-1176, 8k 1171-1186 ->
-  // 1207-1233, 16k 1171-1201 -> 1195-1211; causal 16k 1142-1147 ->
-  // 1151-1188; unsplit 512-1k lose 1-4% to the kernel's other code.
-  static constexpr bool kTailSplit = true;
+  // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
+  // run, three rounds, 4k 1145-1165 -> 1188-1195, 8k 1187-1200 ->
+  // 1254-1258, 16k 1119-1151 -> 1203-1282; unsplit, 512 and 1k lose 3-5%
+  // to the kernel's other code (512 728-735 -> 693-698). Causal gained at
+  // 16k (1111-1128 -> 1160-1202) but lost 3-6% from 512 to 8k.
+  static constexpr bool kTailSplit = !kCausal;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
