@@ -75,6 +75,14 @@ constexpr Dims kClusterDims[] = {{1, 1024, 113, 4, 2},
                                  {1, 256, 1000, 2, 2},
                                  {2, 384, 300, 2, 2}};
 
+// Launches cut the last wave's tiles into pieces of key blocks
+// (src/sm90/fwd/tail_split.hpp): more tiles than the H200's 132 SMs, so a
+// full wave runs whole and the rest in pieces, one key block a piece (each
+// tile finished by the CTA holding its last block, after up to 15 others)
+// or a few. (Fewer tiles than SMs, as in most cases above, split them all.)
+// Causal: pairs of equal cost only (seqlen_q == seqlen_k, the third case).
+constexpr Dims kTailSplitDims[] = {{1, 256, 512, 70, 7}, {2, 1024, 300, 10, 5}, {1, 1024, 1024, 36, 4}};
+
 constexpr struct {
   Layout layout;
   Dims dims;
@@ -115,6 +123,8 @@ TEST_P(ForwardSweep, Seqlens) { expect_all_match_reference(make_all(kSeqlenDims)
 TEST_P(ForwardSweep, GqaRatios) { expect_all_match_reference(make_all(kGqaDims)); }
 
 TEST_P(ForwardSweep, ClusterPairs) { expect_all_match_reference(make_all(kClusterDims)); }
+
+TEST_P(ForwardSweep, TailSplit) { expect_all_match_reference(make_all(kTailSplitDims)); }
 
 TEST_P(ForwardSweep, StridedLayouts) {
   std::vector<ForwardCase> cases;
@@ -159,6 +169,16 @@ TEST_F(SanitizeForward, Fp16D64Seqlen1013Causal) {
 
 TEST_F(SanitizeForward, Bf16D256Seqlen257Gqa) {
   expect_matches_reference({DType::kBFloat16, {1, 257, 257, 8, 2, 256}, false});
+}
+
+// Tiles cut in pieces of one key block, folded by their finishing CTA
+// (src/sm90/fwd/tail_split.hpp), in two-CTA clusters.
+TEST_F(SanitizeForward, Bf16D128TailSplit) {
+  expect_matches_reference({DType::kBFloat16, {2, 256, 640, 4, 2, 128}, false});
+}
+
+TEST_F(SanitizeForward, Bf16D128CausalTailSplit) {
+  expect_matches_reference({DType::kBFloat16, {1, 512, 512, 4, 2, 128}, true});
 }
 
 // A case every default build has (FLASH3_KERNELS=bf16_128 or all).

@@ -76,6 +76,26 @@ __device__ inline void named_barrier_arrive(NamedBarrier id, uint32_t num_thread
   asm volatile("bar.arrive %0, %1;" ::"r"(static_cast<uint32_t>(id)), "r"(num_threads) : "memory");
 }
 
+// A flag in global memory between CTAs (the tail split's partial outputs):
+// the writer's release publishes what its warpgroup wrote before a named
+// barrier (fence.acq_rel then a relaxed store, as a cumulative release); the
+// reader acquires it and sets it back to 0 for the next kernel.
+__device__ inline void flag_release(uint32_t* flag) {
+  asm volatile("fence.acq_rel.gpu;\n\tst.relaxed.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(1u)
+               : "memory");
+}
+__device__ inline void flag_acquire(uint32_t* flag) {
+  uint32_t value;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(flag) : "memory");
+    if (value != 0) {
+      break;
+    }
+    __nanosleep(64);
+  }
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(0u) : "memory");
+}
+
 // A fence for ptxas's scheduler, not for the hardware: every instruction that
 // feeds `a` or `b` issues before it, and so does everything the program puts
 // after it that ptxas keeps behind barriers (wgmma waits among them). ptxas

@@ -1,6 +1,8 @@
 // The forward epilogue of one consumer warpgroup: normalise O, store it
 // (straight from registers, or staged for a TMA store: Traits::kOStore), and
-// write the log-sum-exp.
+// write the log-sum-exp. For a piece of a tail-split tile (tail_split.hpp)
+// it writes the partial O to the workspace instead, or folds the other
+// pieces into its own before the store.
 #pragma once
 
 #include <cstdint>
@@ -30,15 +32,25 @@ struct Epilogue {
 
   // o_units: what the accumulator is in units of (fp8: a V descale; else 1).
   template <class Softmax>
-  __device__ static void store(SharedStorage<T>& smem, const KernelArgs& args, const Tile& tile,
-                               int warpgroup, const float (&o)[T::kOAccRegs],
-                               const Softmax& softmax, float o_units) {
+  __device__ static void store(SharedStorage<T>& smem, const KernelArgs& args, const Work& work,
+                               int warpgroup, float (&o)[T::kOAccRegs], const Softmax& softmax,
+                               float o_units) {
+    const Tile& tile = work.tile;
     float inv_sum[Softmax::kRows], lse[Softmax::kRows];
     softmax.finish(inv_sum, lse);
     if constexpr (T::kFp8) {
 #pragma unroll
       for (int r = 0; r < Softmax::kRows; ++r) {
         inv_sum[r] *= o_units;
+      }
+    }
+    if constexpr (T::kTailSplit) {
+      if (work.kind == Piece::kPartial) {
+        write_partial(smem, args, warpgroup, o, inv_sum, lse);
+        return;
+      }
+      if (work.kind == Piece::kFinal) {
+        fold_partials(args, warpgroup, work.partners, o, inv_sum, lse);
       }
     }
     const FragmentCoord c = FragmentCoord::current();
@@ -72,6 +84,109 @@ struct Epilogue {
   }
 
  private:
+  static constexpr int kThreads = T::kWarpgroupThreads;
+  __device__ static constexpr NamedBarrier barrier(int warpgroup) {
+    return static_cast<NamedBarrier>(static_cast<uint32_t>(NamedBarrier::kEpilogueConsumer0) +
+                                     warpgroup);
+  }
+  // The workspace slot of a CTA's warpgroup (KernelArgs::partial_o): this
+  // thread's accumulator registers, register-major so that a warpgroup's
+  // accesses are coalesced; its two rows' log-sum-exp; the flag.
+  __device__ static float* partial_o(const KernelArgs& args, int cta, int warpgroup) {
+    return args.partial_o +
+           (static_cast<int64_t>(cta) * T::kConsumerWarpgroups + warpgroup) * T::kOAccRegs * kThreads +
+           threadIdx.x % kThreads;
+  }
+  __device__ static float* partial_lse(const KernelArgs& args, int cta, int warpgroup) {
+    return args.partial_lse + (cta * T::kConsumerWarpgroups + warpgroup) * 2 * kThreads +
+           threadIdx.x % kThreads;
+  }
+  __device__ static uint32_t* partial_flag(const KernelArgs& args, int cta, int warpgroup) {
+    return args.partial_flags + cta * T::kConsumerWarpgroups + warpgroup;
+  }
+
+  // A piece that another CTA finishes: O normalised by this piece's own sum,
+  // and its log-sum-exp, in fp32 to this CTA's slot (bypassing L1), then the
+  // flag (after every thread of the warpgroup has written).
+  __device__ static void write_partial(SharedStorage<T>& smem, const KernelArgs& args,
+                                       int warpgroup, const float (&o)[T::kOAccRegs],
+                                       const float (&inv_sum)[2], const float (&lse)[2]) {
+    const int cta = static_cast<int>(blockIdx.x);
+    float* po = partial_o(args, cta, warpgroup);
+#pragma unroll
+    for (int i = 0; i < T::kOAccRegs; ++i) {
+      __stcg(po + i * kThreads, o[i] * inv_sum[acc_row(i)]);
+    }
+    float* pl = partial_lse(args, cta, warpgroup);
+    __stcg(pl, lse[0]);
+    __stcg(pl + kThreads, lse[1]);
+    named_barrier_sync(barrier(warpgroup), kThreads);
+    if (threadIdx.x % kThreads == 0) {
+      flag_release(partial_flag(args, cta, warpgroup));
+      if constexpr (!T::kEarlyQRelease) {
+        smem.q_empty.arrive();  // nothing was staged in Q
+      }
+    }
+  }
+
+  // The tile's first piece, done last: waits for the pieces of the next
+  // `partners` CTAs of its rank, and folds them in by their log-sum-exps.
+  // On return O is normalised (inv_sum 1) and lse is the whole row's.
+  __device__ static void fold_partials(const KernelArgs& args, int warpgroup, int partners,
+                                       float (&o)[T::kOAccRegs], float (&inv_sum)[2],
+                                       float (&lse)[2]) {
+    const int first = static_cast<int>(blockIdx.x) + args.group_ctas;
+    if (threadIdx.x % kThreads == 0) {
+      for (int j = 0; j < partners; ++j) {
+        flag_acquire(partial_flag(args, first + j * args.group_ctas, warpgroup));
+      }
+    }
+    named_barrier_sync(barrier(warpgroup), kThreads);
+    // A piece whose keys a row does not see has log-sum-exp +inf (finish()):
+    // it weighs nothing. A row no piece has a key for stays empty.
+    const auto live = [](float l) { return l == INFINITY ? -INFINITY : l; };
+    const auto weight = [](float l, float whole) {
+      return l == INFINITY || whole == -INFINITY ? 0.0f : expf(l - whole);
+    };
+    float top[2] = {live(lse[0]), live(lse[1])};
+    for (int j = 0; j < partners; ++j) {
+      const float* pl = partial_lse(args, first + j * args.group_ctas, warpgroup);
+      top[0] = fmaxf(top[0], live(__ldcg(pl)));
+      top[1] = fmaxf(top[1], live(__ldcg(pl + kThreads)));
+    }
+    float sum[2] = {weight(lse[0], top[0]), weight(lse[1], top[1])};
+    for (int j = 0; j < partners; ++j) {
+      const float* pl = partial_lse(args, first + j * args.group_ctas, warpgroup);
+      sum[0] += weight(__ldcg(pl), top[0]);
+      sum[1] += weight(__ldcg(pl + kThreads), top[1]);
+    }
+    float whole[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      whole[r] = top[r] == -INFINITY ? -INFINITY : top[r] + logf(sum[r]);
+      inv_sum[r] *= weight(lse[r], whole[r]);
+    }
+#pragma unroll
+    for (int i = 0; i < T::kOAccRegs; ++i) {
+      o[i] *= inv_sum[acc_row(i)];
+    }
+    for (int j = 0; j < partners; ++j) {
+      const int cta = first + j * args.group_ctas;
+      const float* pl = partial_lse(args, cta, warpgroup);
+      const float w[2] = {weight(__ldcg(pl), whole[0]), weight(__ldcg(pl + kThreads), whole[1])};
+      const float* po = partial_o(args, cta, warpgroup);
+#pragma unroll
+      for (int i = 0; i < T::kOAccRegs; ++i) {
+        o[i] += w[acc_row(i)] * __ldcg(po + i * kThreads);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      inv_sum[r] = 1.0f;
+      lse[r] = whole[r] == -INFINITY ? INFINITY : whole[r];
+    }
+  }
+
   // Each thread's (row, 2 columns) pairs straight to global memory; a quad
   // writes 16 contiguous bytes per row and column group.
   __device__ static void store_direct(const KernelArgs& args, const Tile& tile, int tile_row0,
@@ -100,13 +215,11 @@ struct Epilogue {
                                       const Tile& tile, int warpgroup, int tile_row0, int col,
                                       const float (&o)[T::kOAccRegs],
                                       const float (&inv_sum)[2]) {
-    const NamedBarrier barrier = static_cast<NamedBarrier>(
-        static_cast<uint32_t>(NamedBarrier::kEpilogueConsumer0) + warpgroup);
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
     if constexpr (T::kEarlyQRelease) {
       // The Q tile's barriers no longer order this write after the previous
       // tile's store: the leader has waited for that store's read; all wait for it.
-      named_barrier_sync(barrier, T::kWarpgroupThreads);
+      named_barrier_sync(barrier(warpgroup), kThreads);
     }
     uint8_t* staging = smem.o();
 #pragma unroll
@@ -119,7 +232,7 @@ struct Epilogue {
       }
     }
     fence_view_async_shared();
-    named_barrier_sync(barrier, T::kWarpgroupThreads);
+    named_barrier_sync(barrier(warpgroup), kThreads);
     if (leader) {
 #pragma unroll
       for (int b = 0; b < T::kOColBlocks; ++b) {

@@ -5,31 +5,76 @@
 // in clusters when every head's query blocks come in whole groups of the
 // cluster's tiles per step, so that the pair always holds adjacent query
 // blocks of one head; otherwise (and when no cluster fits) in single CTAs.
+// Non-causal launches may cut their last wave's tiles in pieces
+// (tail_split.hpp) when that shortens it by at least kMinTailSaving blocks.
 #pragma once
 
 #include <algorithm>
+
+#include "tail_split.hpp"
 
 namespace flash3::detail {
 
 struct GridPlan {
   unsigned ctas;
   bool clusters;  // clusters of two CTAs
+  sm90::fwd::TailSplit tail;
 };
+
+// A piece costs about a key block more than its blocks (its own Q load and
+// pipeline start, the partial O written and read back): the split must
+// shorten the last wave by at least this many key blocks.
+inline constexpr int kMinTailSaving = 2;
+// And the split is for long sequences only: a step of at least this many
+// key blocks (H200, same run: at 1k-2k the pieces' costs outweighed the
+// shorter wave, bf16 d128 causal 1k 410 -> 399 TFLOP/s; from 4k it gained;
+// traits.cuh has the figures).
+inline constexpr int kMinSplitStepBlocks = 32;
+
+// The tail split of `tiles` tiles over `ctas` CTAs in groups of group_ctas
+// taking tiles_per_step tiles a step of step_blocks key blocks
+// (tail_split.hpp), or none.
+inline sm90::fwd::TailSplit plan_tail(long long tiles, unsigned ctas, int group_ctas,
+                                      int tiles_per_step, int step_blocks) {
+  const long long wave = static_cast<long long>(ctas) * tiles_per_step;
+  const long long full = tiles / wave * wave;
+  const long long groups = ctas / group_ctas;
+  const long long units = (tiles - full) / (group_ctas * tiles_per_step) * step_blocks;
+  const long long per_group = (units + groups - 1) / groups;
+  if (units == 0 || per_group > step_blocks - kMinTailSaving) {
+    return {static_cast<int>(tiles), 0};
+  }
+  return {static_cast<int>(full), static_cast<int>(per_group)};
+}
 
 // tiles: batch * heads * num_m_blocks; max_clusters: two-CTA clusters that
 // fit on the device at once (cudaOccupancyMaxActiveClusters), 0 if none.
+// tail_split: whether the kernel may cut tiles in pieces (tail_split.hpp:
+// non-causal, or causal pairs of equal cost; a workspace), a step of a CTA
+// being step_blocks key blocks (a tile's; a causal pair's M + 1); then the
+// grid fills the device even with fewer tiles than SMs, if a split pays.
 inline GridPlan plan_grid(long long tiles, int num_m_blocks, int tiles_per_step, int num_sms,
-                          bool cluster_kv, int max_clusters) {
+                          bool cluster_kv, int max_clusters, bool tail_split = false,
+                          int step_blocks = 0) {
+  const auto whole = [&](unsigned ctas, bool clusters) {
+    return GridPlan{ctas, clusters, {static_cast<int>(tiles), 0}};
+  };
+  const auto with_tail = [&](unsigned full_ctas, unsigned ctas, bool clusters) {
+    const sm90::fwd::TailSplit tail =
+        plan_tail(tiles, full_ctas, clusters ? 2 : 1, tiles_per_step, step_blocks);
+    return tail.tail_blocks > 0 ? GridPlan{full_ctas, clusters, tail} : whole(ctas, clusters);
+  };
   const int pair_tiles = 2 * tiles_per_step;
   if (cluster_kv && max_clusters > 0 && num_m_blocks % pair_tiles == 0) {
     const long long clusters = std::min<long long>(tiles / pair_tiles, max_clusters);
     if (clusters > 0) {
-      return {static_cast<unsigned>(2 * clusters), true};
+      const unsigned ctas = static_cast<unsigned>(2 * clusters);
+      return tail_split ? with_tail(2u * max_clusters, ctas, true) : whole(ctas, true);
     }
   }
-  const long long ctas =
-      std::min<long long>((tiles + tiles_per_step - 1) / tiles_per_step, num_sms);
-  return {static_cast<unsigned>(ctas), false};
+  const unsigned ctas = static_cast<unsigned>(
+      std::min<long long>((tiles + tiles_per_step - 1) / tiles_per_step, num_sms));
+  return tail_split ? with_tail(num_sms, ctas, false) : whole(ctas, false);
 }
 
 }  // namespace flash3::detail

@@ -1,8 +1,8 @@
 // The warp-specialised persistent forward kernel: warp roles only.
 // Warpgroup 0 is the producer (one thread issues every TMA load, the rest
 // idle on few registers); warpgroups 1.. are consumers, each owning 64 query
-// rows of every tile the scheduler hands this CTA. (The warp-specialization
-// ablation has consumers only: Traits::kWarpSpecialized.)
+// rows of every tile (or piece of one) the scheduler hands this CTA. (The
+// warp-specialization ablation has consumers only: Traits::kWarpSpecialized.)
 #pragma once
 
 #include "epilogue.cuh"
@@ -64,8 +64,11 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     __syncthreads();
   }
 
-  const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.num_tiles};
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
+  const TileScheduler scheduler{
+      args.num_m_blocks, args.heads_q, args.num_tiles,
+      TailSchedule{kCausal, args.num_tiles, static_cast<int>(gridDim.x), args.group_ctas,
+                   kCausal ? args.num_m_blocks : mask.n_block_end(0), args.split}};
   Mainloop<T, kCausal> mainloop{smem, args, scheduler, mask};
   typename Mainloop<T, kCausal>::Pipeline pipe;
 
@@ -82,9 +85,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     }
     const int consumer = warpgroup - T::kProducerWarpgroups;
     mainloop.start_turns(consumer);
-    int iter = 0;
-    for (int i = scheduler.first<kCausal>(); scheduler.valid(i); i = scheduler.next<kCausal>(i), ++iter) {
-      const Tile tile = scheduler.tile<kCausal>(i);
+    Work work;
+    for (auto at = scheduler.begin<kCausal>();
+         scheduler.work<kCausal, T::kTailSplit>(at, mask, work); scheduler.advance<kCausal>(at)) {
       float o[T::kOAccRegs];
 #pragma unroll
       for (int r = 0; r < T::kOAccRegs; ++r) {
@@ -92,9 +95,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       }
       typename Mainloop<T, kCausal>::Softmax softmax;
       float o_units = 1.0f;  // fp8: O is in units of a V descale
-      mainloop.compute(tile, mask.n_block_end(tile.m_block), consumer, pipe, iter, o, softmax,
-                       o_units);
-      Epilogue<T>::store(smem, args, tile, consumer, o, softmax, o_units);
+      mainloop.compute(work, consumer, pipe, at.step, o, softmax, o_units);
+      Epilogue<T>::store(smem, args, work, consumer, o, softmax, o_units);
     }
   }
 }

@@ -4,6 +4,7 @@
 #include <cuda.h>
 
 #include "api/params.hpp"
+#include "tail_split.hpp"
 #include "sm90/common/sync.cuh"
 #include "sm90/common/wgmma.cuh"
 
@@ -28,6 +29,16 @@ struct KernelArgs {
   int heads_per_kv_head;  // heads_q / heads_k (GQA group size)
   int num_m_blocks;
   int num_tiles;  // num_m_blocks * heads_q * batch
+  // Non-causal: the tail split (tail_split.hpp; split.tail_blocks 0: none),
+  // CTAs per group (2 in K/V clusters) and the workspace: per CTA a partial
+  // O (kBlockM x kHeadDim floats in the accumulators' register order) and its
+  // log-sum-exp (2 x kBlockM floats, row pairs per thread), and one flag per
+  // consumer warpgroup, 1 from its partial's write to its fold.
+  TailSplit split;
+  int group_ctas;
+  float* partial_o;
+  float* partial_lse;
+  uint32_t* partial_flags;
   float softmax_scale;
   // FP8 only: one scale per block of rows of one (batch, head), at
   // data[(batch * heads + head) * blocks_per_head + row / block_rows].

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "api/dispatch.hpp"
+#include "api/workspace.hpp"
 #include "kernel.cuh"
 #include "grid.hpp"
 #include "sm90/common/tensor_map.hpp"
@@ -132,14 +133,41 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   }
   args.num_tiles = static_cast<int>(tiles);
   // Persistent, in two-CTA clusters where the kernel shares K and V and the
-  // tiles pair up (grid.hpp).
+  // tiles pair up, and with the last wave split in pieces where that pays
+  // (grid.hpp) and the stream has a workspace for them.
   constexpr int kTilesPerStep = sm90::fwd::TileScheduler::kTilesPerStep<kCausal>;
   constexpr auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
   const KernelSetup setup =
       setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);
   cudaError_t err = setup.err;
-  const GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms,
-                                  T::kClusterKv, setup.max_clusters);
+  // A step's key blocks: a non-causal tile's, or a causal pair's (M + 1
+  // when every pair costs that; tail_split.hpp).
+  const bool causal_pairs_equal = p.seqlen_q == p.seqlen_k && T::kBlockM == T::kBlockN &&
+                                  args.num_m_blocks % 2 == 0;
+  const int step_blocks =
+      kCausal ? args.num_m_blocks + 1 : (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+  const bool split = T::kTailSplit && (!kCausal || causal_pairs_equal) &&
+                     step_blocks >= kMinSplitStepBlocks;
+  GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
+                            setup.max_clusters, split, step_blocks);
+  if (grid.tail.tail_blocks > 0) {
+    constexpr size_t kFlagBytes = 256;  // per CTA, kConsumerWarpgroups used
+    constexpr size_t kLseFloats = 2 * T::kConsumerThreads;
+    constexpr size_t kOFloats = static_cast<size_t>(T::kBlockM) * T::kHeadDimV;
+    uint8_t* ws = static_cast<uint8_t*>(stream_workspace(
+        p.device, stream, grid.ctas * (kFlagBytes + (kLseFloats + kOFloats) * sizeof(float)),
+        grid.ctas * kFlagBytes));
+    if (ws != nullptr) {
+      args.partial_flags = reinterpret_cast<uint32_t*>(ws);
+      args.partial_lse = reinterpret_cast<float*>(ws + grid.ctas * kFlagBytes);
+      args.partial_o = args.partial_lse + grid.ctas * kLseFloats;
+    } else {
+      grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
+                       setup.max_clusters);
+    }
+  }
+  args.split = grid.tail;
+  args.group_ctas = grid.clusters ? T::kClusterCtas : 1;
   if (err == cudaSuccess && grid.clusters) {
     const ClusterLaunch launch(grid.ctas, T::kThreads, kSmemBytes, stream, T::kClusterCtas);
     err = cudaLaunchKernelEx(&launch.config, kernel, args);

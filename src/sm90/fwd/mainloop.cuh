@@ -70,18 +70,18 @@ struct Mainloop {
   const KernelArgs& args;
 
   // ---------------------------------------------------------------- producer (one thread)
-  // The loads of this CTA's tiles, one at a time: for every tile K and V of
-  // each key block (the last block first) through the ring, and Q right after
-  // the tile's first K, whose load then overlaps the previous tile's epilogue.
+  // The loads of this CTA's work, one step (a tile or a piece of one) at a
+  // time: K and V of each of its key blocks (the last block first) through
+  // the ring, and Q right after the step's first K, whose load then overlaps
+  // the previous step's epilogue.
   enum class LoadStep { kK, kQ, kV };
   struct LoadCursor {
-    int index;      // the tile's scheduler index
-    int tile_iter;  // this CTA's tiles before it (the parity of the Q barriers)
-    Tile tile;
-    int head_kv;  // the K/V head of tile.head (GQA)
-    int n_block_end;
-    int n;  // the key block being loaded
-    LoadStep step;
+    TileScheduler::Cursor at;  // at.step: the parity count of the Q barriers
+    bool valid;                // false past the last step
+    Work work;
+    int head_kv;  // the K/V head of work.tile.head (GQA)
+    int n;        // the key block being loaded
+    LoadStep next;
     Pipeline pipe;
   };
 
@@ -89,23 +89,23 @@ struct Mainloop {
   const Mask<kBlockM, kBlockN, kCausal>& mask;
   LoadCursor loads;  // without warp specialization: consumer thread 0's loads
 
-  __device__ void start_tile(LoadCursor& c) const {
-    if (scheduler.valid(c.index)) {
-      c.tile = scheduler.tile<kCausal>(c.index);
-      c.head_kv = c.tile.head / args.heads_per_kv_head;
-      c.n_block_end = mask.n_block_end(c.tile.m_block);
-      c.n = c.n_block_end - 1;
-      c.step = c.n_block_end <= 0 ? LoadStep::kQ : LoadStep::kK;
+  __device__ void start_step(LoadCursor& c) const {
+    c.valid = scheduler.template work<kCausal, T::kTailSplit>(c.at, mask, c.work);
+    if (c.valid) {
+      c.head_kv = c.work.tile.head / args.heads_per_kv_head;
+      c.n = c.work.n_end - 1;
+      c.next = c.work.n_end <= c.work.n_begin ? LoadStep::kQ : LoadStep::kK;
     }
   }
   __device__ LoadCursor first_load() const {
-    LoadCursor c{scheduler.first<kCausal>(), 0};
-    start_tile(c);
+    LoadCursor c{};
+    c.at = scheduler.begin<kCausal>();
+    start_step(c);
     return c;
   }
 
   // Issues the cursor's next load and moves it on. Returns false when every
-  // tile is loaded or, if !kBlocking, when the load's buffer is not free yet
+  // step is loaded or, if !kBlocking, when the load's buffer is not free yet
   // (the caller tries again later).
   template <bool kBlocking>
   __device__ bool load_next(LoadCursor& c) {
@@ -117,40 +117,39 @@ struct Mainloop {
         return empty.test_wait(parity);
       }
     };
-    if (!scheduler.valid(c.index)) {
+    if (!c.valid) {
       return false;
     }
-    switch (c.step) {
+    switch (c.next) {
       case LoadStep::kQ:
-        // The previous tile's Q K^T GEMMs (and O staged in Q) are done with it.
-        if (c.tile_iter > 0 && !acquire(smem.q_empty, (c.tile_iter - 1) & 1)) {
+        // The previous step's Q K^T GEMMs (and O staged in Q) are done with it.
+        if (c.at.step > 0 && !acquire(smem.q_empty, (c.at.step - 1) & 1)) {
           return false;
         }
-        load_q(c.tile);
-        c.step = LoadStep::kV;
+        load_q(c.work.tile);
+        c.next = LoadStep::kV;
         break;
       case LoadStep::kK:
         // The first pass over the ring finds every stage free.
         if (!acquire(smem.k_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
           return false;
         }
-        load_k(c.pipe, c.n, c.head_kv, c.tile.batch);
-        c.step = c.n == c.n_block_end - 1 ? LoadStep::kQ : LoadStep::kV;
+        load_k(c.pipe, c.n, c.head_kv, c.work.tile.batch);
+        c.next = c.n == c.work.n_end - 1 ? LoadStep::kQ : LoadStep::kV;
         break;
       case LoadStep::kV:
         if (!acquire(smem.v_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
           return false;
         }
-        load_v(c.pipe, c.n, c.head_kv, c.tile.batch);
+        load_v(c.pipe, c.n, c.head_kv, c.work.tile.batch);
         c.pipe.advance();
         --c.n;
-        c.step = LoadStep::kK;
+        c.next = LoadStep::kK;
         break;
     }
-    if (c.n < 0 && c.step != LoadStep::kQ) {  // the tile is loaded
-      c.index = scheduler.next<kCausal>(c.index);
-      ++c.tile_iter;
-      start_tile(c);
+    if (c.n < c.work.n_begin && c.next != LoadStep::kQ) {  // the step is loaded
+      scheduler.advance<kCausal>(c.at);
+      start_step(c);
     }
     return true;
   }
@@ -388,9 +387,10 @@ struct Mainloop {
   // softmax's scale_log2), and O is accumulated in units of the V descale of
   // the last block added (`o_units`, rescaled with the softmax's factor when
   // the next block's scale differs); the epilogue multiplies it back.
-  __device__ void compute(const Tile& tile, int n_block_end, int warpgroup, Pipeline& pipe,
-                          int tile_iter, float (&o)[T::kOAccRegs], Softmax& softmax,
-                          float& o_units) {
+  __device__ void compute(const Work& work, int warpgroup, Pipeline& pipe, int step,
+                          float (&o)[T::kOAccRegs], Softmax& softmax, float& o_units) {
+    const Tile& tile = work.tile;
+    const int n_begin = T::kTailSplit ? work.n_begin : 0, n_end = work.n_end;
     const FragmentCoord c = FragmentCoord::current();
     const int row0 = tile.m_block * kBlockM + warpgroup * kMmaM + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
@@ -417,13 +417,13 @@ struct Mainloop {
       softmax.step(s, rescale, block_scale(n));
     };
 
-    wait_full(smem.q_full, tile_iter & 1);
-    if (n_block_end <= 0) {
+    wait_full(smem.q_full, step & 1);
+    if (n_end <= n_begin) {
       release_q();
       return;
     }
     if constexpr (T::kQkAhead) {
-      compute_ahead(n_block_end, warpgroup, pipe, q_addr, o, o_units, softmax, v_scale,
+      compute_ahead(n_begin, n_end, warpgroup, pipe, q_addr, o, o_units, softmax, v_scale,
                     mask_block, block_scale);
       return;
     }
@@ -441,19 +441,19 @@ struct Mainloop {
       fence_operands(s);
       release(smem.k_empty[k_pipe.stage]);
       issue_ready_loads();
-      if (n_block_end == 1) {
+      if (n_end - 1 == n_begin) {
         release_q();
       }
-      softmax_step(s, n_block_end - 1, rescale);
+      softmax_step(s, n_end - 1, rescale);
       scores_to_p(s, p);
       if constexpr (T::kFp8) {
-        p_units = v_scale(n_block_end - 1);
+        p_units = v_scale(n_end - 1);
         o_units = p_units;
       }
     }
     Pipeline v_pipe = k_pipe;  // V of a block sits in the same stage as its K
     k_pipe.advance();
-    for (int n = n_block_end - 2; n >= 0; --n) {
+    for (int n = n_end - 2; n >= n_begin; --n) {
       float s[T::kSAccRegs];
       wait_for_turn(warpgroup);
       wait_full(smem.k_full[k_pipe.stage], k_pipe.phase);
@@ -469,7 +469,7 @@ struct Mainloop {
       fence_operands(s);
       release(smem.k_empty[k_pipe.stage]);
       issue_ready_loads();
-      if (n == 0) {
+      if (n == n_begin) {
         release_q();
       }
       softmax_step(s, n, rescale);
@@ -488,7 +488,7 @@ struct Mainloop {
     last_pv(o, rescale, o_units, p_units, p, v_pipe);
   }
 
-  // The tile's last O += P V (key block 0), after O's rescale for it.
+  // The last O += P V of the work (key block n_begin), after O's rescale for it.
   __device__ void last_pv(float (&o)[T::kOAccRegs], float (&rescale)[2], float& o_units,
                           float p_units, const uint32_t (&p)[T::kPRegs], const Pipeline& v_pipe) {
     rescale_for_next_pv(o, rescale, o_units, p_units);
@@ -509,10 +509,10 @@ struct Mainloop {
   // exponentials of S_n (after waiting for S_{n-1} there), so the next step
   // starts with its exponentials.
   template <class VScale, class MaskBlock, class BlockScale>
-  __device__ void compute_ahead(int n_block_end, int warpgroup, Pipeline& pipe, uint32_t q_addr,
+  __device__ void compute_ahead(int n_begin, int n_end, int warpgroup, Pipeline& pipe, uint32_t q_addr,
                                 float (&o)[T::kOAccRegs], float& o_units, Softmax& softmax,
                                 VScale& v_scale, MaskBlock& mask_block, BlockScale& block_scale) {
-    const int n0 = n_block_end - 1;
+    const int n0 = n_end - 1;
     Pipeline qk_pipe = pipe;  // the next K to multiply
     Pipeline pv_pipe = pipe;  // the next V to multiply
     Pipeline s_pipe = pipe;   // the stage of the last S issued
@@ -555,7 +555,7 @@ struct Mainloop {
         gemm_pv(p, smem_u32(smem.v[pv_pipe.stage]), o);
       }
       pass_turn(warpgroup);
-      if (n == 0) {
+      if (n == n_begin) {
         release_q();
       }
       if constexpr (T::kNextMaxEarly) {
@@ -595,18 +595,18 @@ struct Mainloop {
     };
     using Yes = std::true_type;
     using No = std::false_type;
-    if (n0 == 0) {
-      step(No{}, No{}, 0, sa, sb);
+    if (n0 == n_begin) {
+      step(No{}, No{}, n0, sa, sb);
     } else {
       step(Yes{}, No{}, n0, sa, sb);
       for (int n = n0 - 1;; n -= 2) {  // S_n is in sb
-        if (n == 0) {
-          step(No{}, Yes{}, 0, sb, sa);
+        if (n == n_begin) {
+          step(No{}, Yes{}, n, sb, sa);
           break;
         }
         step(Yes{}, Yes{}, n, sb, sa);
-        if (n == 1) {
-          step(No{}, Yes{}, 0, sa, sb);
+        if (n == n_begin + 1) {
+          step(No{}, Yes{}, n_begin, sa, sb);
           break;
         }
         step(Yes{}, Yes{}, n - 1, sa, sb);

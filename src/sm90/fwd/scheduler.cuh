@@ -4,7 +4,8 @@
 // in L2.
 //
 // Non-causal tiles all cost the same, and CTA c takes tiles c, c + G, ...
-// (G = gridDim.x). With two-CTA clusters (Traits::kClusterKv; G even, and
+// (G = gridDim.x), and in the last wave, if the launch splits it, pieces of
+// tiles (tail_split.hpp; causal pairs too, where they all cost the same). With two-CTA clusters (Traits::kClusterKv; G even, and
 // launched only when every head has an even number of query blocks) the
 // CTAs 2i and 2i + 1 of a cluster thus always hold query blocks 2j and
 // 2j + 1 of one head, which read the same K and V.
@@ -16,6 +17,8 @@
 // step, and so on the same heads' K and V.
 #pragma once
 
+#include "tail_split.hpp"
+
 namespace flash3::sm90::fwd {
 
 struct Tile {
@@ -24,26 +27,65 @@ struct Tile {
   int batch;
 };
 
+// One step of a CTA: key blocks [n_begin, n_end) of a tile, whole or a piece
+// of the tail split.
+struct Work {
+  Tile tile;
+  int n_begin;
+  int n_end;
+  Piece::Kind kind;
+  int partners;  // Piece::kFinal: how many later CTAs of the group's rank wrote pieces
+};
+
 struct TileScheduler {
   int num_m_blocks;
   int heads;
   int num_tiles;
+  TailSchedule tail;
 
   // Tiles per scheduling step of one CTA.
   template <bool kCausal>
   static constexpr int kTilesPerStep = kCausal ? 2 : 1;
 
+  // Where a CTA is in its sequence: the tile index of its whole-tile steps
+  // (c, c + G, ...; causal 2c, 2c + 1, 2c + 2G, ...) and the step count.
+  struct Cursor {
+    int index;
+    int step;
+  };
   template <bool kCausal>
-  __device__ int first() const {
-    return kTilesPerStep<kCausal> * static_cast<int>(blockIdx.x);
+  __device__ Cursor begin() const {
+    return {kTilesPerStep<kCausal> * static_cast<int>(blockIdx.x), 0};
   }
   template <bool kCausal>
-  __device__ int next(int index) const {
+  __device__ void advance(Cursor& c) const {
     constexpr int kStep = kTilesPerStep<kCausal>;
-    return index % kStep != kStep - 1 ? index + 1
-                                       : index + 1 + (static_cast<int>(gridDim.x) - 1) * kStep;
+    c.index = c.index % kStep != kStep - 1
+                  ? c.index + 1
+                  : c.index + 1 + (static_cast<int>(gridDim.x) - 1) * kStep;
+    ++c.step;
   }
-  __device__ bool valid(int index) const { return index < num_tiles; }
+
+  // The work at the cursor; false past the CTA's last. Whole tiles take the
+  // key blocks their rows see (mask.n_block_end). kTailSplit (the kernel's
+  // Traits::kTailSplit): past split_tiles, pieces of tiles (tail_split.hpp).
+  template <bool kCausal, bool kTailSplit, class Mask>
+  __device__ bool work(const Cursor& c, const Mask& mask, Work& w) const {
+    Piece piece{c.index, 0, 0, Piece::kWhole, 0};
+    if constexpr (kTailSplit) {
+      if (!tail.piece_of<kCausal>(static_cast<int>(blockIdx.x), c.step, &piece)) {
+        return false;
+      }
+    } else if (c.index >= num_tiles) {
+      return false;
+    }
+    w.tile = tile<kCausal>(piece.tile);
+    w.n_begin = piece.n_begin;
+    w.n_end = piece.kind == Piece::kWhole ? mask.n_block_end(w.tile.m_block) : piece.n_end;
+    w.kind = piece.kind;
+    w.partners = piece.partners;
+    return true;
+  }
 
   template <bool kCausal>
   __device__ Tile tile(int index) const {

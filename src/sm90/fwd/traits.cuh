@@ -36,6 +36,7 @@ struct LoopDefaults {
   static constexpr bool kSoftmaxUnderPv = false;
   static constexpr bool kUniformWarpgroupIndex = true;
   static constexpr bool kKvMulticast = false;
+  static constexpr bool kTailSplit = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -90,6 +91,13 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // 16k 617-659 -> 630-636; sustained (300 calls, power-capped) 16k 620 ->
   // 628 TFLOP/s.
   static constexpr bool kKvMulticast = !kCausal;
+  // The last wave split in pieces (Traits::kTailSplit), where a step has 32
+  // key blocks or more: same run, three rounds, bf16 causal 4k 555-564 ->
+  // 566-576, 8k 589-597 -> 611-622, 16k 606-607 -> 625-632 (1k-2k, unsplit,
+  // equal); non-causal (176-key variant) 8k 631-656 -> 669-688, 16k
+  // 641-643 -> 648-654. Not the short non-causal variant, which never has
+  // 32 blocks a step.
+  static constexpr bool kTailSplit = kCausal || !kShort;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<128, false> = 2048;
@@ -140,6 +148,10 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // run, three rounds, 4k 868-872 -> 860-864, 16k 879-922 -> 906-911;
   // sustained (400 calls, power-capped) 16k 845 -> 861 at 1830 -> 1860 MHz.
   static constexpr bool kKvMulticast = !kCausal;
+  // No tail split (Traits::kTailSplit): with it, same run, three rounds,
+  // non-causal 16k gained 878-892 -> 893-913 but 1k-2k, unsplit, lost 5-6%
+  // to the kernel's other code (1k 699-703 -> 660), and causal 16k lost
+  // when split (802-807 -> 778-779).
 };
 template <bool kCausal>
 struct TileConfigFp8<256, kCausal> : LoopDefaults {
@@ -158,6 +170,12 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   // run, three rounds, 4k 1072-1078 -> 1104-1132, 16k 1111-1164 ->
   // 1144-1187.
   static constexpr bool kKvMulticast = !kCausal;
+  // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
+  // run, three rounds, 4k 1145-1165 -> 1188-1195, 8k 1187-1200 ->
+  // 1254-1258, 16k 1119-1151 -> 1203-1282; unsplit, 512 and 1k lose 3-5%
+  // to the kernel's other code (512 728-735 -> 693-698). Causal gained at
+  // 16k (1111-1128 -> 1160-1202) but lost 3-6% from 512 to 8k.
+  static constexpr bool kTailSplit = !kCausal;
 };
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
@@ -239,6 +257,16 @@ struct Traits {
   // registers instead of regular ones copied (R2UR) before every wgmma: no
   // kernel spills with it, and d128 / d256 gain 1-3% (design.md, lessons).
   static constexpr bool kUniformWarpgroupIndex = Config::kUniformWarpgroupIndex;
+
+  // The last wave of tiles cut into pieces of key blocks shared out evenly
+  // (tail_split.hpp), where grid.hpp finds it pays; kernels without it take
+  // whole tiles only and carry none of its code. Split everywhere, the
+  // pieces' own costs (a Q load and pipeline start each, the partial O
+  // written and folded) lost 2-6% on sequences up to 2k (bf16 d128 causal
+  // 1k 410 -> 399), and 16-bit d64 and d256 lost at most lengths (same run,
+  // three rounds, d256 non-causal 1k 559 -> 525-536, 16k 707-708 ->
+  // 708-710): on for the tile configs that gained.
+  static constexpr bool kTailSplit = Config::kTailSplit;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
   // softmax). Without warp specialization (ablation only) there is no

@@ -1,0 +1,48 @@
+#include "workspace.hpp"
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace flash3::detail {
+namespace {
+
+struct Buffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+std::mutex g_mutex;
+std::map<std::pair<int, cudaStream_t>, Buffer> g_buffers;
+
+}  // namespace
+
+void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t flag_bytes) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  Buffer& buffer = g_buffers[{device, stream}];
+  if (buffer.bytes >= bytes) {
+    return buffer.ptr;
+  }
+  void* grown = nullptr;
+  if (cudaMallocAsync(&grown, bytes, stream) != cudaSuccess ||
+      cudaMemsetAsync(grown, 0, flag_bytes, stream) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: the launch goes on without a workspace
+    if (grown != nullptr) {
+      (void)cudaFreeAsync(grown, stream);
+    }
+    return nullptr;
+  }
+  if (buffer.ptr != nullptr) {
+    (void)cudaFreeAsync(buffer.ptr, stream);  // after the kernels already queued on it
+  }
+  buffer = {grown, bytes};
+  return grown;
+}
+
+}  // namespace flash3::detail
