@@ -327,6 +327,35 @@ TEST_F(ForwardStream, RunsOnTheGivenStreamWithoutBlocking) {
   EXPECT_EQ(problem.download().unwritten, 0u);
 }
 
+// Two streams at once, each running a case whose last wave is split in
+// pieces (src/sm90/fwd/tail_split.hpp: d128 causal, 33 key blocks a step)
+// and so using its stream's workspace: every run gives the bits of a run
+// alone, which matches the reference (a shared workspace would race).
+TEST_F(ForwardStream, TailSplitsOnTwoStreamsAtOnce) {
+  const ForwardCase c{DType::kBFloat16, {1, 4096, 4096, 2, 1, 128}, true};
+  expect_matches_reference(c);
+  if (IsSkipped() || HasFailure()) {
+    return;
+  }
+  const Inputs in = random_inputs(c);
+  const DeviceProblem alone(c, in), a(c, in), b(c, in);
+  ASSERT_TRUE(alone.forward(nullptr).ok());
+  check_cuda(cudaDeviceSynchronize(), "the forward kernel alone");
+  const Output expected = alone.download();
+  const Stream sa, sb;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(a.forward(sa.get()).ok());
+    ASSERT_TRUE(b.forward(sb.get()).ok());
+  }
+  check_cuda(cudaDeviceSynchronize(), "the forward kernels on two streams");
+  for (const DeviceProblem* p : {&a, &b}) {
+    const Output got = p->download();
+    EXPECT_EQ(got.unwritten, 0u);
+    EXPECT_TRUE(same_bits(got.out, expected.out));
+    EXPECT_TRUE(same_bits(got.lse, expected.lse));
+  }
+}
+
 class ForwardDeviceChecks : public HopperTest {};
 
 TEST_F(ForwardDeviceChecks, RefusesHostPointers) {
