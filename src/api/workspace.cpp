@@ -13,7 +13,9 @@ struct Buffer {
 };
 
 std::mutex g_mutex;
-std::map<std::pair<int, cudaStream_t>, Buffer> g_buffers;
+// Keyed by the stream's process-unique ID, not its handle, which a new
+// stream may reuse while the old one's kernels still run.
+std::map<std::pair<int, unsigned long long>, Buffer> g_buffers;
 
 }  // namespace
 
@@ -24,8 +26,13 @@ void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t fla
     (void)cudaGetLastError();
     return nullptr;
   }
+  unsigned long long id = 0;
+  if (cudaStreamGetId(stream, &id) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
   const std::lock_guard<std::mutex> lock(g_mutex);
-  Buffer& buffer = g_buffers[{device, stream}];
+  Buffer& buffer = g_buffers[{device, id}];
   if (buffer.bytes >= bytes) {
     return buffer.ptr;
   }
