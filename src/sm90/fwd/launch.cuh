@@ -183,32 +183,33 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   return {};
 }
 
-// The 16-bit kernel of one causality: its short-sequence variant (traits.cuh)
-// up to kShortMaxSeqlen, where the head dim has one.
-template <DType kDType, int kHeadDim, bool kCausal>
-Status launch_forward_16bit(const ForwardParams& p, cudaStream_t stream) {
+// The kernel of one causality: its short-sequence variant (traits.cuh) up
+// to kShortMaxSeqlen, where the head dim has one.
+template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType>
+Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
   using sm90::fwd::Traits;
-  constexpr int kShortMaxSeqlen = sm90::fwd::kShortMaxSeqlen<kHeadDim, kCausal>;
+  constexpr int kShortMaxSeqlen =
+      sm90::fwd::kShortMaxSeqlen<kDType == DType::kFloat8E4M3, kHeadDim, kCausal>;
   if constexpr (kShortMaxSeqlen > 0) {
     if (p.seqlen_q <= kShortMaxSeqlen) {
-      return launch_variant<Traits<kDType, kHeadDim, kCausal, kDType, true>, kCausal>(p, stream);
+      return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, true>, kCausal>(p,
+                                                                                      stream);
     }
   }
-  return launch_variant<Traits<kDType, kHeadDim, kCausal>, kCausal>(p, stream);
+  return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType>, kCausal>(p, stream);
 }
 
 template <DType kDType, int kHeadDim>
 Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
-  return p.causal ? launch_forward_16bit<kDType, kHeadDim, true>(p, stream)
-                  : launch_forward_16bit<kDType, kHeadDim, false>(p, stream);
+  return p.causal ? launch_causality<kDType, kHeadDim, true, kDType>(p, stream)
+                  : launch_causality<kDType, kHeadDim, false, kDType>(p, stream);
 }
 
 template <DType kOutDType, int kHeadDim>
 Status launch_forward_fp8_sm90(const ForwardParams& p, cudaStream_t stream) {
-  using sm90::fwd::Traits;
   constexpr DType kFp8 = DType::kFloat8E4M3;
-  return p.causal ? launch_variant<Traits<kFp8, kHeadDim, true, kOutDType>, true>(p, stream)
-                  : launch_variant<Traits<kFp8, kHeadDim, false, kOutDType>, false>(p, stream);
+  return p.causal ? launch_causality<kFp8, kHeadDim, true, kOutDType>(p, stream)
+                  : launch_causality<kFp8, kHeadDim, false, kOutDType>(p, stream);
 }
 
 }  // namespace flash3::detail

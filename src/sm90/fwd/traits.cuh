@@ -13,10 +13,10 @@
 namespace flash3::sm90::fwd {
 
 // kShort: the variant for short sequences, which launch.cuh takes for
-// seqlen_q up to kShortMaxSeqlen<kHeadDim, kCausal> (0: none).
+// seqlen_q up to kShortMaxSeqlen<kFp8, kHeadDim, kCausal> (0: none).
 template <int kHeadDim, bool kCausal, bool kShort>
 struct TileConfig;
-template <int kHeadDim, bool kCausal>
+template <bool kFp8, int kHeadDim, bool kCausal>
 inline constexpr int kShortMaxSeqlen = 0;
 
 // Details of the key-block loop (Traits says what each does), off unless a
@@ -66,7 +66,7 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   static constexpr bool kKvMulticast = !kCausal;
 };
 template <>
-inline constexpr int kShortMaxSeqlen<64, true> = 2048;
+inline constexpr int kShortMaxSeqlen<false, 64, true> = 2048;
 template <bool kCausal, bool kShort>
 struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // Long non-causal: 176 keys per block amortise the softmax and barrier cost
@@ -100,7 +100,7 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   static constexpr bool kTailSplit = kCausal || !kShort;
 };
 template <>
-inline constexpr int kShortMaxSeqlen<128, false> = 2048;
+inline constexpr int kShortMaxSeqlen<false, 128, false> = 2048;
 template <bool kCausal, bool kShort>
 struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // O alone takes 128 registers per thread, so S stays at 80 columns
@@ -122,16 +122,16 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // 16k 695-701 -> 649-656).
 };
 template <>
-inline constexpr int kShortMaxSeqlen<256, true> = 1024;
+inline constexpr int kShortMaxSeqlen<false, 256, true> = 1024;
 
 // FP8 (e4m3) inputs: the GEMMs run at twice the rate, so a key block costs
 // half as long, and the ring needs more depth or larger blocks to keep up.
 // Shared memory: Q kBlockM x D bytes, 2 x kStages tiles of kBlockN x D bytes,
 // plus a separate 16-bit O staging tile (the 1-byte Q tile is too small).
-template <int kHeadDim, bool kCausal>
+template <int kHeadDim, bool kCausal, bool kShort>
 struct TileConfigFp8;
-template <bool kCausal>
-struct TileConfigFp8<128, kCausal> : LoopDefaults {
+template <bool kCausal, bool kShort>
+struct TileConfigFp8<128, kCausal, kShort> : LoopDefaults {
   // 16 KB Q + 32 KB O + 4 x 2 x 16 KB K/V = 176 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 4;
   static constexpr OStore kOStore = OStore::kSeparateTile;
@@ -153,8 +153,8 @@ struct TileConfigFp8<128, kCausal> : LoopDefaults {
   // to the kernel's other code (1k 699-703 -> 660), and causal 16k lost
   // when split (802-807 -> 778-779).
 };
-template <bool kCausal>
-struct TileConfigFp8<256, kCausal> : LoopDefaults {
+template <bool kCausal, bool kShort>
+struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   // 32 KB Q + 64 KB O + 2 x 2 x 32 KB K/V = 224 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
   static constexpr OStore kOStore = OStore::kSeparateTile;
@@ -172,11 +172,14 @@ struct TileConfigFp8<256, kCausal> : LoopDefaults {
   static constexpr bool kKvMulticast = !kCausal;
   // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
   // run, three rounds, 4k 1145-1165 -> 1188-1195, 8k 1187-1200 ->
-  // 1254-1258, 16k 1119-1151 -> 1203-1282; unsplit, 512 and 1k lose 3-5%
-  // to the kernel's other code (512 728-735 -> 693-698). Causal gained at
+  // 1254-1258, 16k 1119-1151 -> 1203-1282. Unsplit (steps under 32 blocks),
+  // 512 and 1k lost 3-5% to the kernel's other code (512 728-735 ->
+  // 693-698), hence a short variant without it up to 2048. Causal gained at
   // 16k (1111-1128 -> 1160-1202) but lost 3-6% from 512 to 8k.
-  static constexpr bool kTailSplit = !kCausal;
+  static constexpr bool kTailSplit = !kCausal && !kShort;
 };
+template <>
+inline constexpr int kShortMaxSeqlen<true, 256, false> = 2048;
 
 // Ablation switches (CMake FLASH3_ABLATION), to measure what each technique
 // is worth; the default build has all three on.
@@ -216,7 +219,7 @@ template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType,
           bool kShort = false>
 struct Traits {
   static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
-  using Config = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal>,
+  using Config = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal, kShort>,
                                     TileConfig<kHeadDim, kCausal, kShort>>;
   using Element = typename ElementOf<kDType>::type;
   using OutElement = typename ElementOf<kOutDType>::type;
