@@ -257,6 +257,15 @@ TEST_F(ForwardFp8Blocks, MixedBlockRows) {
   expect_fp8_matches_reference({DType::kBFloat16, {1, 700, 900, 2, 2, 128}, true, 256, false, 9});
 }
 
+// The last wave cut into pieces of key blocks (src/sm90/fwd/tail_split.hpp):
+// head dim 256 non-causal past seqlen_q 2048 with 32 blocks of 128 keys,
+// in two-CTA clusters.
+class ForwardFp8TailSplit : public HopperTest {};
+
+TEST_F(ForwardFp8TailSplit, D256Seqlen4096) {
+  expect_fp8_matches_reference({DType::kBFloat16, {1, 2304, 4096, 1, 1, 256}, false, 128, true, 11});
+}
+
 // Small cases for compute-sanitizer.
 class SanitizeForwardFp8 : public HopperTest {};
 

@@ -75,13 +75,13 @@ constexpr Dims kClusterDims[] = {{1, 1024, 113, 4, 2},
                                  {1, 256, 1000, 2, 2},
                                  {2, 384, 300, 2, 2}};
 
-// Launches cut the last wave's tiles into pieces of key blocks
-// (src/sm90/fwd/tail_split.hpp): more tiles than the H200's 132 SMs, so a
-// full wave runs whole and the rest in pieces, one key block a piece (each
-// tile finished by the CTA holding its last block, after up to 15 others)
-// or a few. (Fewer tiles than SMs, as in most cases above, split them all.)
-// Causal: pairs of equal cost only (seqlen_q == seqlen_k, the third case).
-constexpr Dims kTailSplitDims[] = {{1, 256, 512, 70, 7}, {2, 1024, 300, 10, 5}, {1, 1024, 1024, 36, 4}};
+// Launches whose steps have 32 key blocks or more cut the last wave's tiles
+// into pieces of key blocks (src/sm90/fwd/tail_split.hpp; at head dim 128):
+// fewer tiles than the H200's 132 SMs, so every tile is cut, in pieces of a
+// few blocks, each tile finished by the CTA holding its last block. First
+// non-causal (176-key blocks past seqlen_q 2048: 32 of them, in clusters),
+// then causal (pairs of 33 blocks).
+constexpr Dims kTailSplitDims[] = {{1, 2304, 5632, 1, 1}, {1, 4096, 4096, 1, 1}};
 
 constexpr struct {
   Layout layout;
@@ -171,14 +171,15 @@ TEST_F(SanitizeForward, Bf16D256Seqlen257Gqa) {
   expect_matches_reference({DType::kBFloat16, {1, 257, 257, 8, 2, 256}, false});
 }
 
-// Tiles cut in pieces of one key block, folded by their finishing CTA
-// (src/sm90/fwd/tail_split.hpp), in two-CTA clusters.
+// Tiles cut in pieces of key blocks, folded by their finishing CTA
+// (src/sm90/fwd/tail_split.hpp; kTailSplitDims above), non-causal in
+// two-CTA clusters, and causal.
 TEST_F(SanitizeForward, Bf16D128TailSplit) {
-  expect_matches_reference({DType::kBFloat16, {2, 256, 640, 4, 2, 128}, false});
+  expect_matches_reference({DType::kBFloat16, {1, 2304, 5632, 1, 1, 128}, false});
 }
 
 TEST_F(SanitizeForward, Bf16D128CausalTailSplit) {
-  expect_matches_reference({DType::kBFloat16, {1, 512, 512, 4, 2, 128}, true});
+  expect_matches_reference({DType::kBFloat16, {1, 4096, 4096, 1, 1, 128}, true});
 }
 
 // A case every default build has (FLASH3_KERNELS=bf16_128 or all).
