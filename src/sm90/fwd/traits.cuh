@@ -174,8 +174,10 @@ struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   // run, three rounds, 4k 1145-1165 -> 1188-1195, 8k 1187-1200 ->
   // 1254-1258, 16k 1119-1151 -> 1203-1282. Unsplit (steps under 32 blocks),
   // 512 and 1k lost 3-5% to the kernel's other code (512 728-735 ->
-  // 693-698), hence a short variant without it up to 2048. Causal gained at
-  // 16k (1111-1128 -> 1160-1202) but lost 3-6% from 512 to 8k.
+  // 693-698), hence a short variant without it up to 2048 (two rounds
+  // against the build before the split: 512 734-745 -> 728-730, 1k 963 ->
+  // 926-930; design.md, next steps). Causal gained at 16k (1111-1128 ->
+  // 1160-1202) but lost 3-6% from 512 to 8k.
   static constexpr bool kTailSplit = !kCausal && !kShort;
 };
 template <>
