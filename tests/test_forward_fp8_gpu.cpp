@@ -263,7 +263,8 @@ TEST_F(ForwardFp8Blocks, MixedBlockRows) {
 class ForwardFp8TailSplit : public HopperTest {};
 
 TEST_F(ForwardFp8TailSplit, D256Seqlen4096) {
-  expect_fp8_matches_reference({DType::kBFloat16, {1, 2304, 4096, 1, 1, 256}, false, 128, true, 11});
+  expect_fp8_matches_reference(
+      {DType::kBFloat16, {1, 2304, 4096, 1, 1, 256}, false, 128, true, 11});
 }
 
 // Small cases for compute-sanitizer.

@@ -230,7 +230,8 @@ TEST(TailSplit, CausalPairsOfEqualCost) {
     EXPECT_LE(plan.tail.tail_blocks, m_blocks + 1 - flash3::detail::kMinTailSaving);
     expect_valid_tail(plan, tiles, m_blocks, m_blocks, true);
   }
-  for (const auto& [heads, m_blocks] : {std::pair{3, 2}, {70, 2}, {35, 4}, {50, 8}, {1, 6}, {11, 12}}) {
+  for (const auto& [heads, m_blocks] :
+       {std::pair{3, 2}, {70, 2}, {35, 4}, {50, 8}, {1, 6}, {11, 12}}) {
     const long long tiles = static_cast<long long>(heads) * m_blocks;
     SCOPED_TRACE(testing::Message() << "heads " << heads << " m_blocks " << m_blocks);
     const GridPlan plan = plan_grid(tiles, m_blocks, 2, kSms, false, 0, true, m_blocks + 1);

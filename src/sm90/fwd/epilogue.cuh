@@ -30,6 +30,15 @@ struct Epilogue {
            ((chunk ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
+  // The tail split's workspace (KernelArgs::partial_o), per CTA: a partial O
+  // of every consumer warpgroup (each thread's accumulator registers,
+  // register-major so that a warpgroup's accesses are coalesced), its rows'
+  // log-sum-exp (two per thread) and one flag per warpgroup. launch.cuh
+  // sizes the workspace from these.
+  static constexpr int kPartialOFloats = T::kConsumerThreads * T::kOAccRegs;
+  static constexpr int kPartialLseFloats = T::kConsumerThreads * 2;
+  static constexpr int kPartialFlags = T::kConsumerWarpgroups;
+
   // o_units: what the accumulator is in units of (fp8: a V descale; else 1).
   template <class Softmax>
   __device__ static void store(SharedStorage<T>& smem, const KernelArgs& args, const Work& work,
@@ -89,21 +98,25 @@ struct Epilogue {
     return static_cast<NamedBarrier>(static_cast<uint32_t>(NamedBarrier::kEpilogueConsumer0) +
                                      warpgroup);
   }
-  // The workspace slot of a CTA's warpgroup (KernelArgs::partial_o): this
-  // thread's accumulator registers, register-major so that a warpgroup's
-  // accesses are coalesced; its two rows' log-sum-exp; the flag.
+  // This thread's place in the workspace slot of a CTA's warpgroup
+  // (kPartialOFloats above): its O registers, its two rows' log-sum-exp, the
+  // warpgroup's flag.
+  // (A warpgroup's share: kOAccRegs x kThreads O floats, 2 x kThreads
+  // log-sum-exps, one flag.)
   __device__ static float* partial_o(const KernelArgs& args, int cta, int warpgroup) {
-    return args.partial_o +
-           (static_cast<int64_t>(cta) * T::kConsumerWarpgroups + warpgroup) * T::kOAccRegs * kThreads +
-           threadIdx.x % kThreads;
+    const int64_t slot = static_cast<int64_t>(cta) * T::kConsumerWarpgroups + warpgroup;
+    return args.partial_o + slot * T::kOAccRegs * kThreads + threadIdx.x % kThreads;
   }
   __device__ static float* partial_lse(const KernelArgs& args, int cta, int warpgroup) {
     return args.partial_lse + (cta * T::kConsumerWarpgroups + warpgroup) * 2 * kThreads +
            threadIdx.x % kThreads;
   }
   __device__ static uint32_t* partial_flag(const KernelArgs& args, int cta, int warpgroup) {
-    return args.partial_flags + cta * T::kConsumerWarpgroups + warpgroup;
+    return args.partial_flags + cta * kPartialFlags + warpgroup;
   }
+  static_assert(kPartialOFloats == T::kConsumerWarpgroups * T::kOAccRegs * kThreads &&
+                    kPartialLseFloats == T::kConsumerWarpgroups * 2 * kThreads,
+                "partial_o / partial_lse index the workspace launch.cuh sizes");
 
   // A piece that another CTA finishes: O normalised by this piece's own sum,
   // and its log-sum-exp, in fp32 to this CTA's slot (bypassing L1), then the

@@ -5,8 +5,8 @@
 // in clusters when every head's query blocks come in whole groups of the
 // cluster's tiles per step, so that the pair always holds adjacent query
 // blocks of one head; otherwise (and when no cluster fits) in single CTAs.
-// Non-causal launches may cut their last wave's tiles in pieces
-// (tail_split.hpp) when that shortens it by at least kMinTailSaving blocks.
+// Launches may cut their last wave's tiles in pieces (tail_split.hpp) when
+// that shortens it by at least kMinTailSaving blocks.
 #pragma once
 
 #include <algorithm>

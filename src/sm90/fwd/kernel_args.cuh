@@ -29,11 +29,9 @@ struct KernelArgs {
   int heads_per_kv_head;  // heads_q / heads_k (GQA group size)
   int num_m_blocks;
   int num_tiles;  // num_m_blocks * heads_q * batch
-  // Non-causal: the tail split (tail_split.hpp; split.tail_blocks 0: none),
-  // CTAs per group (2 in K/V clusters) and the workspace: per CTA a partial
-  // O (kBlockM x kHeadDim floats in the accumulators' register order) and its
-  // log-sum-exp (2 x kBlockM floats, row pairs per thread), and one flag per
-  // consumer warpgroup, 1 from its partial's write to its fold.
+  // The tail split (tail_split.hpp; split.tail_blocks 0: none), CTAs per
+  // group (2 in K/V clusters) and the workspace (its layout: Epilogue's
+  // kPartial* sizes); a flag is 1 from its partial's write to its fold.
   TailSplit split;
   int group_ctas;
   float* partial_o;

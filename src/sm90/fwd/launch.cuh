@@ -151,16 +151,19 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
                             setup.max_clusters, split, step_blocks);
   if (grid.tail.tail_blocks > 0) {
-    constexpr size_t kFlagBytes = 256;  // per CTA, kConsumerWarpgroups used
-    constexpr size_t kLseFloats = 2 * T::kConsumerThreads;
-    constexpr size_t kOFloats = static_cast<size_t>(T::kBlockM) * T::kHeadDimV;
+    // The workspace (epilogue.cuh): every CTA's flags, then log-sum-exps,
+    // then partial O; the flags' region padded to 256 bytes.
+    using Epilogue = sm90::fwd::Epilogue<T>;
+    const size_t flag_bytes =
+        (grid.ctas * Epilogue::kPartialFlags * sizeof(uint32_t) + 255) / 256 * 256;
+    const size_t lse_floats = static_cast<size_t>(grid.ctas) * Epilogue::kPartialLseFloats;
+    const size_t o_floats = static_cast<size_t>(grid.ctas) * Epilogue::kPartialOFloats;
     uint8_t* ws = static_cast<uint8_t*>(stream_workspace(
-        p.device, stream, grid.ctas * (kFlagBytes + (kLseFloats + kOFloats) * sizeof(float)),
-        grid.ctas * kFlagBytes));
+        p.device, stream, flag_bytes + (lse_floats + o_floats) * sizeof(float), flag_bytes));
     if (ws != nullptr) {
       args.partial_flags = reinterpret_cast<uint32_t*>(ws);
-      args.partial_lse = reinterpret_cast<float*>(ws + grid.ctas * kFlagBytes);
-      args.partial_o = args.partial_lse + grid.ctas * kLseFloats;
+      args.partial_lse = reinterpret_cast<float*>(ws + flag_bytes);
+      args.partial_o = args.partial_lse + lse_floats;
     } else {
       grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
                        setup.max_clusters);

@@ -509,8 +509,9 @@ struct Mainloop {
   // exponentials of S_n (after waiting for S_{n-1} there), so the next step
   // starts with its exponentials.
   template <class VScale, class MaskBlock, class BlockScale>
-  __device__ void compute_ahead(int n_begin, int n_end, int warpgroup, Pipeline& pipe, uint32_t q_addr,
-                                float (&o)[T::kOAccRegs], float& o_units, Softmax& softmax,
+  __device__ void compute_ahead(int n_begin, int n_end, int warpgroup, Pipeline& pipe,
+                                uint32_t q_addr, float (&o)[T::kOAccRegs], float& o_units,
+                                Softmax& softmax,
                                 VScale& v_scale, MaskBlock& mask_block, BlockScale& block_scale) {
     const int n0 = n_end - 1;
     Pipeline qk_pipe = pipe;  // the next K to multiply

@@ -5,8 +5,9 @@
 //
 // Non-causal tiles all cost the same, and CTA c takes tiles c, c + G, ...
 // (G = gridDim.x), and in the last wave, if the launch splits it, pieces of
-// tiles (tail_split.hpp; causal pairs too, where they all cost the same). With two-CTA clusters (Traits::kClusterKv; G even, and
-// launched only when every head has an even number of query blocks) the
+// tiles (tail_split.hpp; causal pairs too, where they all cost the same).
+// With two-CTA clusters (Traits::kClusterKv; G even, and launched only
+// when every head has an even number of query blocks) the
 // CTAs 2i and 2i + 1 of a cluster thus always hold query blocks 2j and
 // 2j + 1 of one head, which read the same K and V.
 //

@@ -1,5 +1,6 @@
-// The tail split of a non-causal launch (host and device, so that the CPU
-// tests check it).
+// The tail split of a launch (host and device, so that the CPU tests check
+// it); causal launches only where their tile pairs all cost the same
+// (TailSchedule below).
 //
 // Non-causal tiles all cost the same, so a persistent grid of G CTAs runs
 // ceil(tiles / G) waves, the last one partly empty: on the H200's 132 SMs
