@@ -257,9 +257,21 @@ TEST_F(ForwardFp8Blocks, MixedBlockRows) {
   expect_fp8_matches_reference({DType::kBFloat16, {1, 700, 900, 2, 2, 128}, true, 256, false, 9});
 }
 
+// Non-causal past seqlen_q 2048 (the variant with the tail split's code,
+// traits.cuh) with too few key blocks to split, GQA.
+class ForwardFp8LongVariant : public HopperTest {};
+
+TEST_F(ForwardFp8LongVariant, Unsplit) {
+  for (const int headdim : {128, 256}) {
+    expect_fp8_matches_reference(
+        {DType::kBFloat16, {1, 2200, 700, 2, 1, headdim}, false, 128, true, 13});
+  }
+}
+
 // The last wave cut into pieces of key blocks (src/sm90/fwd/tail_split.hpp):
-// head dim 256 non-causal past seqlen_q 2048 with 32 blocks of 128 keys,
-// in two-CTA clusters.
+// non-causal past seqlen_q 2048 with 32 blocks of 128 keys, in two-CTA
+// clusters; 18 tiles on 132 SMs, so every tile is cut. Head dim 128 is
+// also a compute-sanitizer case.
 class ForwardFp8TailSplit : public HopperTest {};
 
 TEST_F(ForwardFp8TailSplit, D256Seqlen4096) {
@@ -269,6 +281,10 @@ TEST_F(ForwardFp8TailSplit, D256Seqlen4096) {
 
 // Small cases for compute-sanitizer.
 class SanitizeForwardFp8 : public HopperTest {};
+
+TEST_F(SanitizeForwardFp8, Fp16D128TailSplit) {
+  expect_fp8_matches_reference({DType::kFloat16, {1, 2304, 4096, 1, 1, 128}, false, 128, true, 12});
+}
 
 TEST_F(SanitizeForwardFp8, Bf16D128Seqlen300Causal) {
   expect_fp8_matches_reference({DType::kBFloat16, {1, 300, 300, 2, 1, 128}, true, 128, true, 1});

@@ -148,11 +148,14 @@ struct TileConfigFp8<128, kCausal, kShort> : LoopDefaults {
   // run, three rounds, 4k 868-872 -> 860-864, 16k 879-922 -> 906-911;
   // sustained (400 calls, power-capped) 16k 845 -> 861 at 1830 -> 1860 MHz.
   static constexpr bool kKvMulticast = !kCausal;
-  // No tail split (Traits::kTailSplit): with it, same run, three rounds,
-  // non-causal 16k gained 878-892 -> 893-913 but 1k-2k, unsplit, lost 5-6%
-  // to the kernel's other code (1k 699-703 -> 660), and causal 16k lost
-  // when split (802-807 -> 778-779).
+  // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
+  // run, three rounds, 16k 878-892 -> 893-913; unsplit, 1k-2k lost 5-6% to
+  // the kernel's other code (1k 699-703 -> 660), hence a short variant
+  // without it up to 2048. Causal 16k lost when split (802-807 -> 778-779).
+  static constexpr bool kTailSplit = !kCausal && !kShort;
 };
+template <>
+inline constexpr int kShortMaxSeqlen<true, 128, false> = 2048;
 template <bool kCausal, bool kShort>
 struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   // 32 KB Q + 64 KB O + 2 x 2 x 32 KB K/V = 224 KB.
