@@ -75,13 +75,14 @@ constexpr Dims kClusterDims[] = {{1, 1024, 113, 4, 2},
                                  {1, 256, 1000, 2, 2},
                                  {2, 384, 300, 2, 2}};
 
-// Launches whose steps have 32 key blocks or more cut the last wave's tiles
+// Launches whose steps have 16 key blocks or more cut the last wave's tiles
 // into pieces of key blocks (src/sm90/fwd/tail_split.hpp; at head dim 128):
 // fewer tiles than the H200's 132 SMs, so every tile is cut, in pieces of a
 // few blocks, each tile finished by the CTA holding its last block. First
-// non-causal (176-key blocks past seqlen_q 2048: 32 of them, in clusters),
-// then causal (pairs of 33 blocks).
-constexpr Dims kTailSplitDims[] = {{1, 2304, 5632, 1, 1}, {1, 4096, 4096, 1, 1}};
+// non-causal (176-key blocks past seqlen_q 2048: 32, then 18 of them, in
+// clusters), then causal (pairs of 33 blocks).
+constexpr Dims kTailSplitDims[] = {
+    {1, 2304, 5632, 1, 1}, {1, 2304, 3000, 1, 1}, {1, 4096, 4096, 1, 1}};
 
 constexpr struct {
   Layout layout;

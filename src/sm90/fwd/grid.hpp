@@ -26,10 +26,12 @@ struct GridPlan {
 // shorten the last wave by at least this many key blocks.
 inline constexpr int kMinTailSaving = 2;
 // And the split is for long sequences only: a step of at least this many
-// key blocks (H200, same run: at 1k-2k the pieces' costs outweighed the
-// shorter wave, bf16 d128 causal 1k 410 -> 399 TFLOP/s; from 4k it gained;
-// traits.cuh has the figures).
-inline constexpr int kMinSplitStepBlocks = 32;
+// key blocks (H200, same run: at 1k the pieces' costs outweighed the
+// shorter wave, bf16 d128 causal 1k 410 -> 399 TFLOP/s; traits.cuh has the
+// gains from 4k). 16 rather than 32, three rounds: bf16 d128 non-causal 4k
+// (24 blocks of 176 keys) 659-661 -> 671-673, causal 2k (17) 492-496 ->
+// 495-519; the cells that split at 32 unchanged.
+inline constexpr int kMinSplitStepBlocks = 16;
 
 // The tail split of `tiles` tiles over `ctas` CTAs in groups of group_ctas
 // taking tiles_per_step tiles a step of step_blocks key blocks

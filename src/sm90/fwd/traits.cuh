@@ -91,12 +91,13 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // 16k 617-659 -> 630-636; sustained (300 calls, power-capped) 16k 620 ->
   // 628 TFLOP/s.
   static constexpr bool kKvMulticast = !kCausal;
-  // The last wave split in pieces (Traits::kTailSplit), where a step has 32
-  // key blocks or more: same run, three rounds, bf16 causal 4k 555-564 ->
-  // 566-576, 8k 589-597 -> 611-622, 16k 606-607 -> 625-632 (1k-2k, unsplit,
-  // equal); non-causal (176-key variant) 8k 631-656 -> 669-688, 16k
-  // 641-643 -> 648-654. Not the short non-causal variant, which never has
-  // 32 blocks a step.
+  // The last wave split in pieces (Traits::kTailSplit), where a step has
+  // kMinSplitStepBlocks (grid.hpp) key blocks or more: same run, three
+  // rounds, bf16 causal 4k 555-564 -> 566-576, 8k 589-597 -> 611-622, 16k
+  // 606-607 -> 625-632 (1k-2k, unsplit, equal); non-causal (176-key
+  // variant) 8k 631-656 -> 669-688, 16k 641-643 -> 648-654. Not the short
+  // non-causal variant (it had under 32 blocks a step when this was
+  // measured).
   static constexpr bool kTailSplit = kCausal || !kShort;
 };
 template <>
@@ -149,13 +150,14 @@ struct TileConfigFp8<128, kCausal, kShort> : LoopDefaults {
   // sustained (400 calls, power-capped) 16k 845 -> 861 at 1830 -> 1860 MHz.
   static constexpr bool kKvMulticast = !kCausal;
   // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
-  // run, three rounds, 16k 878-892 -> 893-913; unsplit, 1k-2k lost 5-6% to
-  // the kernel's other code (1k 699-703 -> 660), hence a short variant
-  // without it up to 2048. Causal 16k lost when split (802-807 -> 778-779).
+  // run, three rounds, 16k 875-878 -> 890-900, 8k 890-891 -> 892-902; 4k
+  // lost (860-864 -> 850-857), and unsplit, 1k-2k lost 5-6% to the
+  // kernel's other code (1k 699-703 -> 660), hence a short variant without
+  // it up to 4096. Causal 16k lost when split (802-807 -> 778-779).
   static constexpr bool kTailSplit = !kCausal && !kShort;
 };
 template <>
-inline constexpr int kShortMaxSeqlen<true, 128, false> = 2048;
+inline constexpr int kShortMaxSeqlen<true, 128, false> = 4096;
 template <bool kCausal, bool kShort>
 struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   // 32 KB Q + 64 KB O + 2 x 2 x 32 KB K/V = 224 KB.
@@ -175,7 +177,7 @@ struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   static constexpr bool kKvMulticast = !kCausal;
   // Non-causal: the last wave split in pieces (Traits::kTailSplit): same
   // run, three rounds, 4k 1145-1165 -> 1188-1195, 8k 1187-1200 ->
-  // 1254-1258, 16k 1119-1151 -> 1203-1282. Unsplit (steps under 32 blocks),
+  // 1254-1258, 16k 1119-1151 -> 1203-1282. Unsplit (seqlen 2k and under),
   // 512 and 1k lost 3-5% to the kernel's other code (512 728-735 ->
   // 693-698), hence a short variant without it up to 2048 (two rounds
   // against the build before the split: 512 734-745 -> 728-730, 1k 963 ->
