@@ -81,13 +81,22 @@ struct Epilogue {
         }
       }
     }
-    if constexpr (T::kOStore != OStore::kDirect) {
-      // The staging rows (and the Q tile) are free once the store has read them.
+    if constexpr (T::kOStore == OStore::kInQTile) {
+      // The staging rows, and so the Q tile, are free once the store has read them.
       if (threadIdx.x % T::kWarpgroupThreads == 0) {
         tma_store_wait_read();
-        if constexpr (!T::kEarlyQRelease) {
-          smem.q_empty.arrive();
-        }
+        smem.q_empty.arrive();
+      }
+    }
+  }
+
+  // After a warpgroup's last store: with an O tile of its own the store's
+  // read is waited for only before the next write to the tile (store_staged),
+  // so shared memory must outlive the last one.
+  __device__ static void finish() {
+    if constexpr (T::kOStore == OStore::kSeparateTile) {
+      if (threadIdx.x % T::kWarpgroupThreads == 0) {
+        tma_store_wait_read();
       }
     }
   }
@@ -229,9 +238,13 @@ struct Epilogue {
                                       const float (&o)[T::kOAccRegs],
                                       const float (&inv_sum)[2]) {
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
-    if constexpr (T::kEarlyQRelease) {
-      // The Q tile's barriers no longer order this write after the previous
-      // tile's store: the leader has waited for that store's read; all wait for it.
+    if constexpr (T::kOStore == OStore::kSeparateTile) {
+      // The previous store out of the tile has read it. Waited for here rather
+      // than after that store, where the leader's wait held up the
+      // warpgroup's next GEMMs (wgmma takes all four warps).
+      if (leader) {
+        tma_store_wait_read();
+      }
       named_barrier_sync(barrier(warpgroup), kThreads);
     }
     uint8_t* staging = smem.o();

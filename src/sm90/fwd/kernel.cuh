@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       mainloop.compute(work, consumer, pipe, at.step, o, softmax, o_units);
       Epilogue<T>::store(smem, args, work, consumer, o, softmax, o_units);
     }
+    Epilogue<T>::finish();
   }
 }
 
