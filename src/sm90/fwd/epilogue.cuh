@@ -81,20 +81,22 @@ struct Epilogue {
         }
       }
     }
-    if constexpr (T::kOStore == OStore::kInQTile) {
-      // The staging rows, and so the Q tile, are free once the store has read them.
+    if constexpr (T::kOStore != OStore::kDirect && !T::kDeferOStoreWait) {
+      // The staging rows (and the Q tile) are free once the store has read them.
       if (threadIdx.x % T::kWarpgroupThreads == 0) {
         tma_store_wait_read();
-        smem.q_empty.arrive();
+        if constexpr (!T::kEarlyQRelease) {
+          smem.q_empty.arrive();
+        }
       }
     }
   }
 
-  // After a warpgroup's last store: with an O tile of its own the store's
-  // read is waited for only before the next write to the tile (store_staged),
-  // so shared memory must outlive the last one.
+  // After a warpgroup's last store: with Traits::kDeferOStoreWait the
+  // store's read is waited for only before the next write to the tile
+  // (store_staged), so shared memory must outlive the last one.
   __device__ static void finish() {
-    if constexpr (T::kOStore == OStore::kSeparateTile) {
+    if constexpr (T::kDeferOStoreWait) {
       if (threadIdx.x % T::kWarpgroupThreads == 0) {
         tma_store_wait_read();
       }
@@ -238,11 +240,11 @@ struct Epilogue {
                                       const float (&o)[T::kOAccRegs],
                                       const float (&inv_sum)[2]) {
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
-    if constexpr (T::kOStore == OStore::kSeparateTile) {
-      // The previous store out of the tile has read it. Waited for here rather
-      // than after that store, where the leader's wait held up the
-      // warpgroup's next GEMMs (wgmma takes all four warps).
-      if (leader) {
+    if constexpr (T::kEarlyQRelease) {
+      // The Q tile's barriers no longer order this write after the previous
+      // tile's store: its leader waits for that store's read (here, or right
+      // after the store: Traits::kDeferOStoreWait); all wait for the leader.
+      if (T::kDeferOStoreWait && leader) {
         tma_store_wait_read();
       }
       named_barrier_sync(barrier(warpgroup), kThreads);

@@ -37,6 +37,7 @@ struct LoopDefaults {
   static constexpr bool kUniformWarpgroupIndex = true;
   static constexpr bool kKvMulticast = false;
   static constexpr bool kTailSplit = false;
+  static constexpr bool kDeferOStoreWait = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -99,6 +100,12 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // non-causal variant (it had under 32 blocks a step when this was
   // measured).
   static constexpr bool kTailSplit = kCausal || !kShort;
+  // With the O tile apart, its store's read waited for before the next
+  // write (Traits::kDeferOStoreWait): same run, three rounds, bf16 causal
+  // 512 298-300 -> 306-309, 1k 402-406 -> 413-416, 2k 486-493 -> 497-502,
+  // 4k 556-564 -> 564-565; non-causal 512 507-511 -> 513-515, 1k 587-591
+  // -> 592-595.
+  static constexpr bool kDeferOStoreWait = kOApart;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 128, false> = 2048;
@@ -184,6 +191,12 @@ struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   // 926-930; design.md, next steps). Causal gained at 16k (1111-1128 ->
   // 1160-1202) but lost 3-6% from 512 to 8k.
   static constexpr bool kTailSplit = !kCausal && !kShort;
+  // Causal: the O store's read waited for before the next write
+  // (Traits::kDeferOStoreWait): same run, three rounds, 1k 634-652 ->
+  // 647-666, 2k 800-835 -> 821-846, 4k 919-964 -> 962-1003, 512 and 8k-16k
+  // equal. Not non-causal (mixed, -1.5% at 512; the short kernel then
+  // spills 44 bytes), nor fp8 d128 (causal -3..-6%, non-causal 512 -3%).
+  static constexpr bool kDeferOStoreWait = kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<true, 256, false> = 2048;
@@ -362,6 +375,13 @@ struct Traits {
   // 662 -> 720, 16k 754 -> 802, d256 1k 640 -> 718, 4k 1019 -> 1055, 16k
   // 1185 -> 1188.
   static constexpr bool kEarlyQRelease = kOStore != OStore::kInQTile;
+  // With an O tile of its own: the leader of a warpgroup waits for its
+  // store's read of the tile before the next write to it (epilogue.cuh)
+  // rather than right after issuing it, where the wait holds up the
+  // warpgroup's next GEMMs (wgmma takes all four warps). It moves ptxas's
+  // plan of the whole kernel, so it is set by measurement (TileConfig).
+  static constexpr bool kDeferOStoreWait =
+      Config::kDeferOStoreWait && kOStore == OStore::kSeparateTile;
   static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
   static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
