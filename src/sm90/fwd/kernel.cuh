@@ -41,6 +41,18 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
   }
 }
 
+// The kernel's tail split (tail_split.hpp); empty where Traits::kTailSplit
+// is off, so that those kernels compute none of it.
+template <class T, bool kCausal, class Mask>
+__device__ TailSchedule tail_schedule(const KernelArgs& args, const Mask& mask) {
+  if constexpr (T::kTailSplit) {
+    return {kCausal, args.num_tiles, static_cast<int>(gridDim.x), args.group_ctas,
+            kCausal ? args.num_m_blocks : mask.n_block_end(0), args.split};
+  } else {
+    return {};
+  }
+}
+
 template <class T, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_constant__ KernelArgs args) {
   SharedStorage<T>& smem = shared_storage<T>();
@@ -65,10 +77,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   }
 
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
-  const TileScheduler scheduler{
-      args.num_m_blocks, args.heads_q, args.num_tiles,
-      TailSchedule{kCausal, args.num_tiles, static_cast<int>(gridDim.x), args.group_ctas,
-                   kCausal ? args.num_m_blocks : mask.n_block_end(0), args.split}};
+  const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.num_tiles,
+                                tail_schedule<T, kCausal>(args, mask)};
   Mainloop<T, kCausal> mainloop{smem, args, scheduler, mask};
   typename Mainloop<T, kCausal>::Pipeline pipe;
 
