@@ -18,6 +18,7 @@ namespace {
 
 using flash3::detail::GridPlan;
 using flash3::detail::plan_grid;
+using flash3::detail::split_steps;
 using flash3::sm90::fwd::Piece;
 using flash3::sm90::fwd::TailSchedule;
 
@@ -237,6 +238,24 @@ TEST(TailSplit, CausalPairsOfEqualCost) {
     const GridPlan plan = plan_grid(tiles, m_blocks, 2, kSms, false, 0, true, m_blocks + 1);
     expect_valid_tail(plan, tiles, m_blocks, m_blocks, true);
   }
+}
+
+TEST(TailSplit, WhichLaunchesMaySplit) {
+  // bf16 d128 non-causal past 2k: 176-key blocks, 24 at 4k (kMinSplitStepBlocks 16).
+  EXPECT_TRUE(split_steps(true, false, 4096, 4096, 128, 176).split);
+  EXPECT_EQ(split_steps(true, false, 4096, 4096, 128, 176).blocks, 24);
+  EXPECT_FALSE(split_steps(true, false, 4096, 2048, 128, 176).split);  // 12 blocks
+  // Causal pairs of M + 1 blocks: 2k has 17, 1k 9.
+  EXPECT_TRUE(split_steps(true, true, 2048, 2048, 128, 128).split);
+  EXPECT_EQ(split_steps(true, true, 2048, 2048, 128, 128).blocks, 17);
+  EXPECT_FALSE(split_steps(true, true, 1024, 1024, 128, 128).split);
+  // Pairs of unequal cost: seqlen_q != seqlen_k, blocks not square, odd M.
+  EXPECT_FALSE(split_steps(true, true, 4096, 8192, 128, 128).split);
+  EXPECT_FALSE(split_steps(true, true, 4096, 4096, 128, 80).split);
+  EXPECT_TRUE(split_steps(true, true, 4000, 4000, 128, 128).split);   // M = 32
+  EXPECT_FALSE(split_steps(true, true, 3968, 3968, 128, 128).split);  // M = 31
+  // A kernel without the split never splits.
+  EXPECT_FALSE(split_steps(false, false, 16384, 16384, 128, 176).split);
 }
 
 }  // namespace

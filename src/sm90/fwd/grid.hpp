@@ -33,6 +33,26 @@ inline constexpr int kMinTailSaving = 2;
 // 495-519; the cells that split at 32 unchanged.
 inline constexpr int kMinSplitStepBlocks = 16;
 
+// A launch's steps (tail_split.hpp): `blocks` key blocks each, a non-causal
+// tile's or a causal pair's (M + 1, when every pair costs that: seqlen_q ==
+// seqlen_k, square blocks, an even M), and whether its last wave may be
+// split: the kernel has the split (Traits::kTailSplit), its steps all cost
+// the same and they are long enough.
+struct SplitSteps {
+  bool split;
+  int blocks;
+};
+inline SplitSteps split_steps(bool kernel_splits, bool causal, int seqlen_q, int seqlen_k,
+                              int block_m, int block_n) {
+  const int m_blocks = (seqlen_q + block_m - 1) / block_m;
+  if (causal) {
+    const bool pairs_equal = seqlen_q == seqlen_k && block_m == block_n && m_blocks % 2 == 0;
+    return {kernel_splits && pairs_equal && m_blocks + 1 >= kMinSplitStepBlocks, m_blocks + 1};
+  }
+  const int blocks = (seqlen_k + block_n - 1) / block_n;
+  return {kernel_splits && blocks >= kMinSplitStepBlocks, blocks};
+}
+
 // The tail split of `tiles` tiles over `ctas` CTAs in groups of group_ctas
 // taking tiles_per_step tiles a step of step_blocks key blocks
 // (tail_split.hpp), or none.

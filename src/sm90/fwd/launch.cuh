@@ -140,16 +140,10 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const KernelSetup setup =
       setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);
   cudaError_t err = setup.err;
-  // A step's key blocks: a non-causal tile's, or a causal pair's (M + 1
-  // when every pair costs that; tail_split.hpp).
-  const bool causal_pairs_equal = p.seqlen_q == p.seqlen_k && T::kBlockM == T::kBlockN &&
-                                  args.num_m_blocks % 2 == 0;
-  const int step_blocks =
-      kCausal ? args.num_m_blocks + 1 : (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-  const bool split = T::kTailSplit && (!kCausal || causal_pairs_equal) &&
-                     step_blocks >= kMinSplitStepBlocks;
+  const SplitSteps steps = split_steps(T::kTailSplit, kCausal, p.seqlen_q, p.seqlen_k, T::kBlockM,
+                                       T::kBlockN);
   GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
-                            setup.max_clusters, split, step_blocks);
+                            setup.max_clusters, steps.split, steps.blocks);
   if (grid.tail.tail_blocks > 0) {
     // The workspace (epilogue.cuh): every CTA's flags, then log-sum-exps,
     // then partial O; the flags' region padded to 256 bytes.
