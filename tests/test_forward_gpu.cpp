@@ -172,6 +172,21 @@ TEST_F(SanitizeForward, Bf16D256Seqlen257Gqa) {
   expect_matches_reference({DType::kBFloat16, {1, 257, 257, 8, 2, 256}, false});
 }
 
+// d256 stages O in the V ring (OStore::kInVStages): several steps per CTA,
+// of one key block (the stage each warpgroup takes alternates), of a few,
+// and causal (the 64-key short variant).
+TEST_F(SanitizeForward, Bf16D256OneKeyBlockSteps) {
+  expect_matches_reference({DType::kBFloat16, {40, 70, 70, 8, 8, 256}, false});
+}
+
+TEST_F(SanitizeForward, Bf16D256Steps) {
+  expect_matches_reference({DType::kBFloat16, {10, 200, 200, 8, 8, 256}, false});
+}
+
+TEST_F(SanitizeForward, Fp16D256CausalStepsGqa) {
+  expect_matches_reference({DType::kFloat16, {8, 300, 300, 8, 2, 256}, true});
+}
+
 // Tiles cut in pieces of key blocks, folded by their finishing CTA
 // (src/sm90/fwd/tail_split.hpp; kTailSplitDims above), non-causal in
 // two-CTA clusters, and causal.

@@ -22,11 +22,20 @@ struct Epilogue {
   static constexpr int kBlockM = T::kBlockM;
   static constexpr int kHeadDim = T::kHeadDimV;
 
-  // Byte offset of (row, col) in a swizzled tile of kBlockM rows.
+  // O staged in a V stage (kInVStages) is one warpgroup's rows; else the CTA tile's.
+  static constexpr bool kInV = T::kOStore == OStore::kInVStages;
+  static constexpr int kStagingRows = kInV ? kMmaM : kBlockM;
+  static_assert(!kInV || (T::kStages == 2 && T::kConsumerWarpgroups == 2 && !T::kClusterKv &&
+                          !T::kTailSplit && kMmaM * kHeadDim * sizeof(OutElement) <=
+                                                sizeof(SharedStorage<T>::v[0])),
+                "O in V stages: a stage per warpgroup, each holding its rows; another CTA's "
+                "multicast or a piece without a store would not wait for the O store");
+
+  // Byte offset of (row, col) in a swizzled staging tile of kStagingRows rows.
   __device__ static uint32_t swizzled_offset(int row, int col) {
     const int block = col / kSwizzleCols16;
     const int chunk = (col % kSwizzleCols16) / 8;  // 16-byte chunk within the 128-byte row
-    return block * kBlockM * kSwizzleRowBytes + row * kSwizzleRowBytes +
+    return block * kStagingRows * kSwizzleRowBytes + row * kSwizzleRowBytes +
            ((chunk ^ (row % 8)) * 16) + (col % 8) * 2;
   }
 
@@ -40,10 +49,12 @@ struct Epilogue {
   static constexpr int kPartialFlags = T::kConsumerWarpgroups;
 
   // o_units: what the accumulator is in units of (fp8: a V descale; else 1).
+  // pipe, step: the consumer's ring position after the work and the CTA's
+  // step count (kInVStages).
   template <class Softmax>
   __device__ static void store(SharedStorage<T>& smem, const KernelArgs& args, const Work& work,
-                               int warpgroup, float (&o)[T::kOAccRegs], const Softmax& softmax,
-                               float o_units) {
+                               int warpgroup, const PipelineState<T::kStages>& pipe, int step,
+                               float (&o)[T::kOAccRegs], const Softmax& softmax, float o_units) {
     const Tile& tile = work.tile;
     float inv_sum[Softmax::kRows], lse[Softmax::kRows];
     softmax.finish(inv_sum, lse);
@@ -67,7 +78,7 @@ struct Epilogue {
     if constexpr (T::kOStore == OStore::kDirect) {
       store_direct(args, tile, tile_row0, c.col, o, inv_sum);
     } else {
-      store_staged(smem, args, tile, warpgroup, tile_row0, c.col, o, inv_sum);
+      store_staged(smem, args, tile, warpgroup, pipe, step, tile_row0, c.col, o, inv_sum);
     }
 
     if (args.lse != nullptr && c.col == 0) {
@@ -81,7 +92,7 @@ struct Epilogue {
         }
       }
     }
-    if constexpr (T::kOStore != OStore::kDirect && !T::kDeferOStoreWait) {
+    if constexpr (T::kOStore != OStore::kDirect && !kInV && !T::kDeferOStoreWait) {
       // The staging rows (and the Q tile) are free once the store has read them.
       if (threadIdx.x % T::kWarpgroupThreads == 0) {
         tma_store_wait_read();
@@ -233,14 +244,45 @@ struct Epilogue {
     }
   }
 
+  // kInVStages: the V stage where a warpgroup stages O, once every consumer
+  // has read its last fill and the O staged there in the previous step has
+  // been stored (each step stages one O per stage, so o_read is one or none
+  // behind). Warpgroup 0 (whose last PV GEMM is issued first) takes the
+  // stage of the work's second-to-last key block, which the other warpgroup
+  // frees soonest and the producer refills first; warpgroup 1 the stage of
+  // the last block. A stage's last fill was read in the current lap of the
+  // ring if it lies before `pipe`, else in the previous one.
+  __device__ static int staging_stage(SharedStorage<T>& smem, int warpgroup,
+                                      const PipelineState<T::kStages>& pipe, int step) {
+    const int stage = warpgroup == 0 ? pipe.stage : pipe.stage ^ 1;
+    smem.v_empty[stage].wait(stage < pipe.stage ? pipe.phase : pipe.phase ^ 1u);
+    if (step > 0) {
+      smem.o_read[stage].wait((step - 1) & 1);
+    }
+    return stage;
+  }
+
   // Through the warpgroup's rows of the O staging tile (swizzled as TMA
   // expects) and a TMA store; rows past seqlen_q are dropped by TMA.
   __device__ static void store_staged(SharedStorage<T>& smem, const KernelArgs& args,
-                                      const Tile& tile, int warpgroup, int tile_row0, int col,
-                                      const float (&o)[T::kOAccRegs],
+                                      const Tile& tile, int warpgroup,
+                                      const PipelineState<T::kStages>& pipe, int step,
+                                      int tile_row0,
+                                      int col, const float (&o)[T::kOAccRegs],
                                       const float (&inv_sum)[2]) {
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
-    if constexpr (T::kEarlyQRelease) {
+    int stage = 0;
+    uint8_t* staging;
+    int row0 = tile_row0, store_row0 = warpgroup * kMmaM;  // in the staging tile
+    if constexpr (kInV) {
+      stage = staging_stage(smem, warpgroup, pipe, step);
+      staging = reinterpret_cast<uint8_t*>(smem.v[stage]);
+      row0 -= warpgroup * kMmaM;
+      store_row0 = 0;
+    } else {
+      staging = smem.o();
+    }
+    if constexpr (T::kEarlyQRelease && !kInV) {
       // The Q tile's barriers no longer order this write after the previous
       // tile's store: its leader waits for that store's read (here, or right
       // after the store: Traits::kDeferOStoreWait); all wait for the leader.
@@ -249,12 +291,11 @@ struct Epilogue {
       }
       named_barrier_sync(barrier(warpgroup), kThreads);
     }
-    uint8_t* staging = smem.o();
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int row = tile_row0 + 8 * r;
+        const int row = row0 + 8 * r;
         *reinterpret_cast<uint32_t*>(staging + swizzled_offset(row, 8 * j + col)) =
             pack2<OutElement>(o[4 * j + 2 * r] * inv_sum[r], o[4 * j + 2 * r + 1] * inv_sum[r]);
       }
@@ -264,11 +305,15 @@ struct Epilogue {
     if (leader) {
 #pragma unroll
       for (int b = 0; b < T::kOColBlocks; ++b) {
-        tma_store(&args.o, staging + swizzled_offset(warpgroup * kMmaM, b * kSwizzleCols16),
+        tma_store(&args.o, staging + swizzled_offset(store_row0, b * kSwizzleCols16),
                   b * kSwizzleCols16, tile.m_block * kBlockM + warpgroup * kMmaM, tile.head,
                   tile.batch);
       }
       tma_store_commit();
+      if constexpr (kInV) {
+        tma_store_wait_read();
+        smem.o_read[stage].arrive();
+      }
     }
   }
 };

@@ -38,6 +38,9 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
     smem.v_full[s].init(1);
     smem.k_empty[s].init(releases);
     smem.v_empty[s].init(releases);
+    if constexpr (T::kOStore == OStore::kInVStages) {
+      smem.o_read[s].init(1);
+    }
   }
 }
 
@@ -106,7 +109,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
       typename Mainloop<T, kCausal>::Softmax softmax;
       float o_units = 1.0f;  // fp8: O is in units of a V descale
       mainloop.compute(work, consumer, pipe, at.step, o, softmax, o_units);
-      Epilogue<T>::store(smem, args, work, consumer, o, softmax, o_units);
+      Epilogue<T>::store(smem, args, work, consumer, pipe, at.step, o, softmax, o_units);
     }
     Epilogue<T>::finish();
   }

@@ -11,7 +11,7 @@
 namespace flash3::sm90::fwd {
 
 // How O leaves the kernel (Traits::kOStore, epilogue.cuh).
-enum class OStore { kDirect, kInQTile, kSeparateTile };
+enum class OStore { kDirect, kInQTile, kSeparateTile, kInVStages };
 
 // Passed by value as a __grid_constant__ parameter: TMA reads the tensor maps
 // from parameter space.
@@ -43,7 +43,8 @@ struct KernelArgs {
   flash3::detail::DescaleParams q_descale, k_descale, v_descale;
 };
 
-// Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a tile of its own.
+// Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a
+// tile of its own. (kInVStages: a warpgroup's rows in a V stage, Epilogue.)
 template <class T, bool kSeparate = T::kOStore == OStore::kSeparateTile>
 struct OStaging {
   __device__ uint8_t* ptr(typename T::Element* q) { return reinterpret_cast<uint8_t*>(q); }
@@ -68,6 +69,9 @@ struct SharedStorage {
   Mbarrier k_empty[T::kStages];  // every consumer thread finished reading it
   Mbarrier v_full[T::kStages];
   Mbarrier v_empty[T::kStages];
+  // kInVStages: the O store staged in a V stage has read it (a leader's
+  // arrival per step), so the producer may load V there again.
+  Mbarrier o_read[T::kOStore == OStore::kInVStages ? T::kStages : 1];
 };
 
 // Dynamic shared memory is only guaranteed 16-byte aligned: the launch adds

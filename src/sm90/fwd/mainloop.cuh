@@ -141,6 +141,14 @@ struct Mainloop {
         if (!acquire(smem.v_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
           return false;
         }
+        // O of the previous step staged in this stage (kInVStages) has been
+        // stored: every step stages O once in each stage, so the wait is for
+        // completion at.step - 1, which cannot be two behind.
+        if constexpr (T::kOStore == OStore::kInVStages) {
+          if (c.at.step > 0 && !acquire(smem.o_read[c.pipe.stage], (c.at.step - 1) & 1)) {
+            return false;
+          }
+        }
         load_v(c.pipe, c.n, c.head_kv, c.work.tile.batch);
         c.pipe.advance();
         --c.n;

@@ -118,7 +118,7 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // 1k 432, 401 -> 432, 439; 2k equal; 4k 653, 595 -> 611, 584. Non-causal
   // loses from 1k (608 -> 573).
   static constexpr int kBlockM = 128, kBlockN = kShort ? 64 : 80, kStages = 2;
-  static constexpr OStore kOStore = OStore::kInQTile;
+  static constexpr OStore kOStore = OStore::kInVStages;
   // The softmax pinned under the PV GEMM (Traits::kSoftmaxUnderPv): H200,
   // same run, two rounds, TFLOP/s, bf16 non-causal 4k 721 -> 727, 8k 733 ->
   // 758, 16k 751 -> 777; causal 1k 383 -> 392, 8k 627 -> 650; fp16
