@@ -172,15 +172,15 @@ TEST_F(SanitizeForward, Bf16D256Seqlen257Gqa) {
   expect_matches_reference({DType::kBFloat16, {1, 257, 257, 8, 2, 256}, false});
 }
 
-// d256 stages O in the V ring (OStore::kInVStages): several steps per CTA,
-// of one key block (the stage each warpgroup takes alternates), of a few,
-// and causal (the 64-key short variant).
-TEST_F(SanitizeForward, Bf16D256OneKeyBlockSteps) {
-  expect_matches_reference({DType::kBFloat16, {40, 70, 70, 8, 8, 256}, false});
+// d256 causal stages O in the V ring (OStore::kInVStages): several steps
+// per CTA, of one key block, of many (the 80-key kernel past 1k), and GQA
+// (the 64-key short variant).
+TEST_F(SanitizeForward, Bf16D256CausalOneKeyBlockSteps) {
+  expect_matches_reference({DType::kBFloat16, {40, 60, 60, 8, 8, 256}, true});
 }
 
-TEST_F(SanitizeForward, Bf16D256Steps) {
-  expect_matches_reference({DType::kBFloat16, {10, 200, 200, 8, 8, 256}, false});
+TEST_F(SanitizeForward, Bf16D256CausalSteps) {
+  expect_matches_reference({DType::kBFloat16, {8, 1100, 1100, 2, 2, 256}, true});
 }
 
 TEST_F(SanitizeForward, Fp16D256CausalStepsGqa) {

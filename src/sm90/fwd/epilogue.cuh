@@ -244,17 +244,15 @@ struct Epilogue {
     }
   }
 
-  // kInVStages: the V stage where a warpgroup stages O, once every consumer
-  // has read its last fill and the O staged there in the previous step has
-  // been stored (each step stages one O per stage, so o_read is one or none
-  // behind). Warpgroup 0 (whose last PV GEMM is issued first) takes the
-  // stage of the work's second-to-last key block, which the other warpgroup
-  // frees soonest and the producer refills first; warpgroup 1 the stage of
-  // the last block. A stage's last fill was read in the current lap of the
-  // ring if it lies before `pipe`, else in the previous one.
+  // kInVStages: a warpgroup stages O in the V stage of its own index (so no
+  // two warpgroups ever write the same bytes), once every consumer has read
+  // that stage's last fill and the O staged there in the previous step has
+  // been stored (one O per stage per step, so o_read is one or none behind).
+  // A stage's last fill was read in the current lap of the ring if it lies
+  // before `pipe`, else in the previous one.
   __device__ static int staging_stage(SharedStorage<T>& smem, int warpgroup,
                                       const PipelineState<T::kStages>& pipe, int step) {
-    const int stage = warpgroup == 0 ? pipe.stage : pipe.stage ^ 1;
+    const int stage = warpgroup;
     smem.v_empty[stage].wait(stage < pipe.stage ? pipe.phase : pipe.phase ^ 1u);
     if (step > 0) {
       smem.o_read[stage].wait((step - 1) & 1);

@@ -57,7 +57,13 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   // 332, 4k 421 vs 379, 16k 500 vs 425 TFLOP/s. Not non-causal: 128 rows
   // lose at every length (512 363 -> 340, 2k 495 -> 426).
   static constexpr int kBlockM = kShort ? 128 : 192, kBlockN = 128, kStages = 3;
-  static constexpr OStore kOStore = OStore::kDirect;
+  // The short causal variant stages O in a tile of its own (24 KB more;
+  // Traits::kOStore), its store's read waited for late: H200, bf16, same
+  // run, three rounds, direct -> staged: 512 202-204 -> 223-224, 1k 275-278
+  // -> 302, 2k 349-353 -> 369-372 TFLOP/s. Long causal and non-causal stay
+  // direct (4k and 16k equal or -1%; non-causal 512 +4%, 1k +1%, 4k -1%).
+  static constexpr OStore kOStore = kShort ? OStore::kSeparateTile : OStore::kDirect;
+  static constexpr bool kDeferOStoreWait = kShort;
   // Causal: four sum chains and skipping unchanged rescales, bf16, same run,
   // two rounds: 1k 259 -> 270, 4k 379 -> 401, 16k 445 -> 472 (and no spill).
   static constexpr bool kSumChains = kCausal, kSkipUnchangedRescale = kCausal;
@@ -118,7 +124,14 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // 1k 432, 401 -> 432, 439; 2k equal; 4k 653, 595 -> 611, 584. Non-causal
   // loses from 1k (608 -> 573).
   static constexpr int kBlockM = 128, kBlockN = kShort ? 64 : 80, kStages = 2;
-  static constexpr OStore kOStore = OStore::kInVStages;
+  // Causal: O staged in the V ring (OStore::kInVStages), so Q frees after
+  // the last Q K^T GEMM and the next tile's Q load no longer waits for the
+  // O store (the clock64 trace of CTA 0 at 1k: 11-14% of a step waiting for
+  // Q). H200, same run, three rounds, bf16 causal 512 278-280 -> 306-309,
+  // 1k 392-393 -> 417-419, 2k 515-517 -> 546-552, 4k 601-613 -> 621-631,
+  // 16k equal; fp16 the same. Non-causal lost from 1k (2k 691-693 ->
+  // 680-683, 16k 707-750 -> 683-689; 512 +1-3%).
+  static constexpr OStore kOStore = kCausal ? OStore::kInVStages : OStore::kInQTile;
   // The softmax pinned under the PV GEMM (Traits::kSoftmaxUnderPv): H200,
   // same run, two rounds, TFLOP/s, bf16 non-causal 4k 721 -> 727, 8k 733 ->
   // 758, 16k 751 -> 777; causal 1k 383 -> 392, 8k 627 -> 650; fp16
@@ -358,14 +371,16 @@ struct Traits {
   static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kColBlocks;
   // How O leaves (epilogue.cuh), chosen per tile config: straight from
   // registers (4-byte global stores), staged in the warpgroup's rows of the
-  // Q tile for a TMA store, or staged in a tile of its own (fp8, whose 1-byte
-  // Q tile is too small; d128 where 128-key blocks leave room). Direct
-  // stores and a tile of its own free the Q tile after the last Q K^T GEMM,
-  // so the next tile's Q load overlaps the last PV GEMM and the epilogue;
-  // staging in Q frees it once the store has read the staging rows.
-  // Same-run A/B on the H200, bf16, direct vs staged in Q: d64 non-causal
-  // 512 311 -> 357 TFLOP/s, 1k 385 -> 416; d128 non-causal 4k 621 -> 600,
-  // d256 512 431 -> 405: direct for d64 only (d128: TileConfig).
+  // Q tile for a TMA store, staged in a tile of its own (fp8, whose 1-byte
+  // Q tile is too small; d128 where 128-key blocks leave room; d64 short
+  // causal), or staged in a V stage of the ring (d256 causal, which has no
+  // room for a tile: the producer's next V load there waits for the store).
+  // All but staging in Q free the Q tile after the last Q K^T GEMM, so the
+  // next tile's Q load overlaps the last PV GEMM and the epilogue; staging
+  // in Q frees it once the store has read the staging rows. Same-run A/B on
+  // the H200, bf16, direct vs staged in Q: d64 non-causal 512 311 -> 357
+  // TFLOP/s, 1k 385 -> 416; d128 non-causal 4k 621 -> 600, d256 512 431 ->
+  // 405 (the others: TileConfig).
   static constexpr OStore kOStore = Config::kOStore;
   // Who frees the Q tile: every consumer thread after its last Q K^T GEMM,
   // or, where O is staged in Q, each warpgroup's leader once its store has
