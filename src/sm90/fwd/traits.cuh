@@ -56,12 +56,13 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   // balance. H200, bf16, same run, 192 vs 128 rows: 1k 237 vs 266, 2k 280 vs
   // 332, 4k 421 vs 379, 16k 500 vs 425 TFLOP/s. Not non-causal: 128 rows
   // lose at every length (512 363 -> 340, 2k 495 -> 426).
-  static constexpr int kBlockM = kShort ? 128 : 192, kBlockN = 128, kStages = 3;
-  // The short causal variant stages O in a tile of its own (24 KB more;
-  // Traits::kOStore), its store's read waited for late: H200, bf16, same
-  // run, three rounds, direct -> staged: 512 202-204 -> 223-224, 1k 275-278
-  // -> 302, 2k 349-353 -> 369-372 TFLOP/s. Long causal and non-causal stay
-  // direct (4k and 16k equal or -1%; non-causal 512 +4%, 1k +1%, 4k -1%).
+  static constexpr int kBlockM = kShort && kCausal ? 128 : 192, kBlockN = 128, kStages = 3;
+  // The short variants stage O in a tile of its own (24 KB more;
+  // Traits::kOStore), its store's read waited for late. H200, bf16, same
+  // run, three rounds, direct -> staged: causal 512 202-204 -> 223-224, 1k
+  // 275-278 -> 302, 2k 349-353 -> 369-372 TFLOP/s; non-causal 512 366-368
+  // -> 382, 1k 424 -> 430. Longer sequences stay direct (causal 4k -1% with
+  // the short variant; non-causal 2k equal, 4k -1%).
   static constexpr OStore kOStore = kShort ? OStore::kSeparateTile : OStore::kDirect;
   static constexpr bool kDeferOStoreWait = kShort;
   // Causal: four sum chains and skipping unchanged rescales, bf16, same run,
@@ -74,6 +75,8 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 64, true> = 2048;
+template <>
+inline constexpr int kShortMaxSeqlen<false, 64, false> = 1024;
 template <bool kCausal, bool kShort>
 struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // Long non-causal: 176 keys per block amortise the softmax and barrier cost
