@@ -130,10 +130,12 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // Causal: O staged in the V ring (OStore::kInVStages), so Q frees after
   // the last Q K^T GEMM and the next tile's Q load no longer waits for the
   // O store (the clock64 trace of CTA 0 at 1k: 11-14% of a step waiting for
-  // Q). H200, same run, three rounds, bf16 causal 512 278-280 -> 306-309,
-  // 1k 392-393 -> 417-419, 2k 515-517 -> 546-552, 4k 601-613 -> 621-631,
-  // 16k equal; fp16 the same. Non-causal lost from 1k (2k 691-693 ->
-  // 680-683, 16k 707-750 -> 683-689; 512 +1-3%).
+  // Q; 4% after). H200, same run, bf16 causal, two rounds: 512 311-313 ->
+  // 336-338, 1k 440-443 -> 457-460, 2k 575-578 -> 592-593, 4k 663-665 ->
+  // 670-672. A first version that picked the stage per step (three rounds:
+  // 512 +10%, 1k +6%, 2k +7%, 4k +4%; equal to this one when re-measured
+  // side by side) lost non-causal from 1k (2k 691-693 -> 680-683, 16k
+  // 707-750 -> 683-689), so non-causal keeps O in Q.
   static constexpr OStore kOStore = kCausal ? OStore::kInVStages : OStore::kInQTile;
   // The softmax pinned under the PV GEMM (Traits::kSoftmaxUnderPv): H200,
   // same run, two rounds, TFLOP/s, bf16 non-causal 4k 721 -> 727, 8k 733 ->
