@@ -120,11 +120,9 @@ struct Epilogue {
     return static_cast<NamedBarrier>(static_cast<uint32_t>(NamedBarrier::kEpilogueConsumer0) +
                                      warpgroup);
   }
-  // This thread's place in the workspace slot of a CTA's warpgroup
-  // (kPartialOFloats above): its O registers, its two rows' log-sum-exp, the
-  // warpgroup's flag.
-  // (A warpgroup's share: kOAccRegs x kThreads O floats, 2 x kThreads
-  // log-sum-exps, one flag.)
+  // This thread's place in the workspace (kPartial* above: a CTA's share is
+  // one slot per consumer warpgroup): its O registers, its two rows'
+  // log-sum-exp, the warpgroup's flag.
   __device__ static float* partial_o(const KernelArgs& args, int cta, int warpgroup) {
     const int64_t slot = static_cast<int64_t>(cta) * T::kConsumerWarpgroups + warpgroup;
     return args.partial_o + slot * T::kOAccRegs * kThreads + threadIdx.x % kThreads;
@@ -136,9 +134,6 @@ struct Epilogue {
   __device__ static uint32_t* partial_flag(const KernelArgs& args, int cta, int warpgroup) {
     return args.partial_flags + cta * kPartialFlags + warpgroup;
   }
-  static_assert(kPartialOFloats == T::kConsumerWarpgroups * T::kOAccRegs * kThreads &&
-                    kPartialLseFloats == T::kConsumerWarpgroups * 2 * kThreads,
-                "partial_o / partial_lse index the workspace launch.cuh sizes");
 
   // A piece that another CTA finishes: O normalised by this piece's own sum,
   // and its log-sum-exp, in fp32 to this CTA's slot (bypassing L1), then the
@@ -250,14 +245,12 @@ struct Epilogue {
   // been stored (one O per stage per step, so o_read is one or none behind).
   // A stage's last fill was read in the current lap of the ring if it lies
   // before `pipe`, else in the previous one.
-  __device__ static int staging_stage(SharedStorage<T>& smem, int warpgroup,
-                                      const PipelineState<T::kStages>& pipe, int step) {
-    const int stage = warpgroup;
+  __device__ static void wait_v_stage_free(SharedStorage<T>& smem, int stage,
+                                           const PipelineState<T::kStages>& pipe, int step) {
     smem.v_empty[stage].wait(stage < pipe.stage ? pipe.phase : pipe.phase ^ 1u);
     if (step > 0) {
       smem.o_read[stage].wait((step - 1) & 1);
     }
-    return stage;
   }
 
   // Through the warpgroup's rows of the O staging tile (swizzled as TMA
@@ -269,14 +262,13 @@ struct Epilogue {
                                       int col, const float (&o)[T::kOAccRegs],
                                       const float (&inv_sum)[2]) {
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
-    int stage = 0;
+    // The staging tile holds the CTA tile's rows, or (kInV) this warpgroup's.
+    const int store_row0 = kInV ? 0 : warpgroup * kMmaM;
+    const int row0 = tile_row0 - warpgroup * kMmaM + store_row0;
     uint8_t* staging;
-    int row0 = tile_row0, store_row0 = warpgroup * kMmaM;  // in the staging tile
     if constexpr (kInV) {
-      stage = staging_stage(smem, warpgroup, pipe, step);
-      staging = reinterpret_cast<uint8_t*>(smem.v[stage]);
-      row0 -= warpgroup * kMmaM;
-      store_row0 = 0;
+      wait_v_stage_free(smem, warpgroup, pipe, step);
+      staging = reinterpret_cast<uint8_t*>(smem.v[warpgroup]);
     } else {
       staging = smem.o();
     }
@@ -310,7 +302,7 @@ struct Epilogue {
       tma_store_commit();
       if constexpr (kInV) {
         tma_store_wait_read();
-        smem.o_read[stage].arrive();
+        smem.o_read[warpgroup].arrive();
       }
     }
   }
