@@ -39,17 +39,39 @@ __device__ inline uint64_t make_smem_desc(uint32_t smem_addr, uint32_t leading_b
   return desc;
 }
 
+// A tile's descriptors: at(offset) is that of the tile `offset` bytes on.
+// kAdd: the tile's descriptor plus offset >> 4 in its low word (the address
+// field holds bits 4..17 of the shared address and shared memory ends below
+// 2^18 bytes, so it never carries out of the field), one uniform add per
+// wgmma; else a descriptor made from the address plus offset, three dependent
+// uniform instructions (add, mask and shift, or). Which is faster depends on
+// ptxas's plan of the whole kernel (Traits::kDescAdd).
+template <bool kAdd>
+struct TileDesc {
+  uint32_t addr, leading_bytes, stride_bytes;
+  __device__ uint64_t at(uint32_t offset) const {
+    if constexpr (kAdd) {
+      const uint64_t base = make_smem_desc(addr, leading_bytes, stride_bytes);
+      return (base >> 32) << 32 | (static_cast<uint32_t>(base) + (offset >> 4));
+    } else {
+      return make_smem_desc(addr + offset, leading_bytes, stride_bytes);
+    }
+  }
+};
+
 // Operand whose reduction dimension is the contiguous one (Q and K in Q K^T):
 // rows at 128 B, 8-row groups at 1024 B; the leading offset is unused for
 // swizzled K-major layouts and set to one unit as CuTe does.
-__device__ inline uint64_t desc_k_major(uint32_t smem_addr) {
-  return make_smem_desc(smem_addr, 16, kSwizzleAtomBytes);
+template <bool kAdd>
+__device__ inline TileDesc<kAdd> desc_k_major(uint32_t smem_addr) {
+  return {smem_addr, 16, kSwizzleAtomBytes};
 }
 
 // Operand whose M/N dimension is the contiguous one (V in P V): 64-column
 // blocks `block_bytes` apart, 8-row groups of the reduction dim at 1024 B.
-__device__ inline uint64_t desc_mn_major(uint32_t smem_addr, uint32_t block_bytes) {
-  return make_smem_desc(smem_addr, block_bytes, kSwizzleAtomBytes);
+template <bool kAdd>
+__device__ inline TileDesc<kAdd> desc_mn_major(uint32_t smem_addr, uint32_t block_bytes) {
+  return {smem_addr, block_bytes, kSwizzleAtomBytes};
 }
 
 // One wgmma: 64 x kN x (32 bytes of Element); 8-bit types take only K-major B.

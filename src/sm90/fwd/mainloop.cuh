@@ -277,12 +277,14 @@ struct Mainloop {
   __device__ void gemm_qk(uint32_t q_addr, uint32_t k_addr, float (&s)[T::kSAccRegs]) {
     fence_operands(s);
     mma_fence();
+    const auto q = desc_k_major<T::kDescAdd>(q_addr);
+    const auto k = desc_k_major<T::kDescAdd>(k_addr);
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / kMmaK; ++kk) {
       const int block = kk / (kSwizzleCols / kMmaK);
       const int offset = (kk % (kSwizzleCols / kMmaK)) * kMmaKBytes;
-      const uint64_t a = desc_k_major(q_addr + block * kBlockM * kSwizzleRowBytes + offset);
-      const uint64_t b = desc_k_major(k_addr + block * kBlockN * kSwizzleRowBytes + offset);
+      const uint64_t a = q.at(block * kBlockM * kSwizzleRowBytes + offset);
+      const uint64_t b = k.at(block * kBlockN * kSwizzleRowBytes + offset);
       mma_ss<Element, kBlockN, gmma::Major::K>(a, b, s, kk > 0);
     }
     mma_commit();
@@ -295,17 +297,17 @@ struct Mainloop {
                           float (&o)[T::kOAccRegs]) {
     fence_operands(o);
     mma_fence();
+    const auto v = T::kFp8 ? desc_k_major<T::kDescAdd>(v_addr)
+                           : desc_mn_major<T::kDescAdd>(v_addr, kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockN / kMmaK; ++kk) {
       if constexpr (T::kFp8) {
         const int block = kk / (kSwizzleCols / kMmaK);
         const int offset = (kk % (kSwizzleCols / kMmaK)) * kMmaKBytes;
-        const uint64_t b =
-            desc_k_major(v_addr + block * kHeadDim * kSwizzleRowBytes + offset);
+        const uint64_t b = v.at(block * kHeadDim * kSwizzleRowBytes + offset);
         mma_rs<Element, kHeadDim, gmma::Major::K>(&p[4 * kk], b, o);
       } else {
-        const uint64_t b = desc_mn_major(v_addr + kk * kMmaK * kSwizzleRowBytes,
-                                         kBlockN * kSwizzleRowBytes);
+        const uint64_t b = v.at(kk * kMmaK * kSwizzleRowBytes);
         mma_rs<Element, kHeadDim, gmma::Major::MN>(&p[4 * kk], b, o);
       }
     }
@@ -332,6 +334,18 @@ struct Mainloop {
   __device__ static void pass_turn(int warpgroup) {
     if constexpr (T::kPingPong) {
       named_barrier_arrive(turn_barrier((warpgroup + 1) % T::kConsumerWarpgroups), kTurnThreads);
+    }
+  }
+  // The turn covers a key block's GEMM issue, or with T::kTurnOnExps its
+  // exponentials (compute()).
+  __device__ static void wait_for_gemm_turn(int warpgroup) {
+    if constexpr (!T::kTurnOnExps) {
+      wait_for_turn(warpgroup);
+    }
+  }
+  __device__ static void pass_gemm_turn(int warpgroup) {
+    if constexpr (!T::kTurnOnExps) {
+      pass_turn(warpgroup);
     }
   }
   // Consumer 0 moves first: the last consumer pre-arrives on consumer 0's
@@ -422,7 +436,21 @@ struct Mainloop {
     auto block_scale = [&](int n) { return T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2; };
     auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
       mask_block(s, n);
-      softmax.step(s, rescale, block_scale(n));
+      if constexpr (T::kTurnOnExps) {
+        float block_max[Softmax::kRows];
+        Softmax::row_max_quad(s, block_max);
+        wait_for_turn(warpgroup);
+        // ptxas moves arithmetic across the barrier; a shared-memory load it
+        // keeps after it, so the exponentials wait for a scale that adds it.
+        float zero;
+        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(zero) : "r"(smem_u32(&smem.zero)));
+        softmax.template step_from_max<true>(s, block_max, rescale, block_scale(n) + zero,
+                                             [] {});
+        schedule_after(softmax.row_sum[0], softmax.row_sum[1]);  // every exponential issued
+        pass_turn(warpgroup);
+      } else {
+        softmax.step(s, rescale, block_scale(n));
+      }
     };
 
     wait_full(smem.q_full, step & 1);
@@ -441,10 +469,10 @@ struct Mainloop {
     float p_units = 1.0f;  // V descale of the block whose P is in p
     {
       float s[T::kSAccRegs];
-      wait_for_turn(warpgroup);
+      wait_for_gemm_turn(warpgroup);
       wait_full(smem.k_full[k_pipe.stage], k_pipe.phase);
       gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
-      pass_turn(warpgroup);
+      pass_gemm_turn(warpgroup);
       mma_wait<0>();
       fence_operands(s);
       release(smem.k_empty[k_pipe.stage]);
@@ -463,13 +491,13 @@ struct Mainloop {
     k_pipe.advance();
     for (int n = n_end - 2; n >= n_begin; --n) {
       float s[T::kSAccRegs];
-      wait_for_turn(warpgroup);
+      wait_for_gemm_turn(warpgroup);
       wait_full(smem.k_full[k_pipe.stage], k_pipe.phase);
       gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
       rescale_for_next_pv(o, rescale, o_units, p_units);
       wait_full(smem.v_full[v_pipe.stage], v_pipe.phase);
       gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
-      pass_turn(warpgroup);
+      pass_gemm_turn(warpgroup);
       if constexpr (!T::kIntraWgOverlap) {
         mma_wait<0>();  // ablation: the PV GEMM finishes before the softmax starts
       }
