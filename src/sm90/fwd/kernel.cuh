@@ -67,9 +67,6 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
 
   if (threadIdx.x == 0) {
     init_barriers(smem);
-    if constexpr (T::kTurnOnExps) {
-      smem.zero = 0.0f;
-    }
     tma_prefetch_descriptor(&args.q);
     tma_prefetch_descriptor(&args.k);
     tma_prefetch_descriptor(&args.v);

@@ -72,7 +72,6 @@ struct SharedStorage {
   // kInVStages: the O store staged in a V stage has read it (a leader's
   // arrival per step), so the producer may load V there again.
   Mbarrier o_read[T::kOStore == OStore::kInVStages ? T::kStages : 1];
-  float zero;  // 0.0f, read after the turn's barrier (Traits::kTurnOnExps)
 };
 
 // Dynamic shared memory is only guaranteed 16-byte aligned: the launch adds

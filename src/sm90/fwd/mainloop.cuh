@@ -336,18 +336,6 @@ struct Mainloop {
       named_barrier_arrive(turn_barrier((warpgroup + 1) % T::kConsumerWarpgroups), kTurnThreads);
     }
   }
-  // The turn covers a key block's GEMM issue, or with T::kTurnOnExps its
-  // exponentials (compute()).
-  __device__ static void wait_for_gemm_turn(int warpgroup) {
-    if constexpr (!T::kTurnOnExps) {
-      wait_for_turn(warpgroup);
-    }
-  }
-  __device__ static void pass_gemm_turn(int warpgroup) {
-    if constexpr (!T::kTurnOnExps) {
-      pass_turn(warpgroup);
-    }
-  }
   // Consumer 0 moves first: the last consumer pre-arrives on consumer 0's
   // turn. Once per kernel: the turns then rotate across all of the CTA's tiles.
   __device__ static void start_turns(int warpgroup) {
@@ -403,6 +391,9 @@ struct Mainloop {
   // down, so the masked blocks come first):
   //   issue S_n = Q K_n^T; rescale O; issue O += P_{n+1} V_{n+1};
   //   wait S_n; softmax(S_n) while the PV GEMM runs; wait PV; P_n = S_n.
+  // T::kRescaleAfterPv moves "rescale O" (by softmax(S_n)'s factor) to just
+  // after the PV wait; O starts at zero, so the first block's factor is
+  // never applied.
   // In the SASS the PV wait comes before the softmax unless T::kSoftmaxUnderPv
   // pins it (ptxas sinks the softmax below it; design.md, lessons).
   // FP8: the scores of block n are scaled by dq * dk_n (folded into the
@@ -436,21 +427,7 @@ struct Mainloop {
     auto block_scale = [&](int n) { return T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2; };
     auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
       mask_block(s, n);
-      if constexpr (T::kTurnOnExps) {
-        float block_max[Softmax::kRows];
-        Softmax::row_max_quad(s, block_max);
-        wait_for_turn(warpgroup);
-        // ptxas moves arithmetic across the barrier; a shared-memory load it
-        // keeps after it, so the exponentials wait for a scale that adds it.
-        float zero;
-        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(zero) : "r"(smem_u32(&smem.zero)));
-        softmax.template step_from_max<true>(s, block_max, rescale, block_scale(n) + zero,
-                                             [] {});
-        schedule_after(softmax.row_sum[0], softmax.row_sum[1]);  // every exponential issued
-        pass_turn(warpgroup);
-      } else {
-        softmax.step(s, rescale, block_scale(n));
-      }
+      softmax.step(s, rescale, block_scale(n));
     };
 
     wait_full(smem.q_full, step & 1);
@@ -469,10 +446,10 @@ struct Mainloop {
     float p_units = 1.0f;  // V descale of the block whose P is in p
     {
       float s[T::kSAccRegs];
-      wait_for_gemm_turn(warpgroup);
+      wait_for_turn(warpgroup);
       wait_full(smem.k_full[k_pipe.stage], k_pipe.phase);
       gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
-      pass_gemm_turn(warpgroup);
+      pass_turn(warpgroup);
       mma_wait<0>();
       fence_operands(s);
       release(smem.k_empty[k_pipe.stage]);
@@ -491,13 +468,15 @@ struct Mainloop {
     k_pipe.advance();
     for (int n = n_end - 2; n >= n_begin; --n) {
       float s[T::kSAccRegs];
-      wait_for_gemm_turn(warpgroup);
+      wait_for_turn(warpgroup);
       wait_full(smem.k_full[k_pipe.stage], k_pipe.phase);
       gemm_qk(q_addr, smem_u32(smem.k[k_pipe.stage]), s);
-      rescale_for_next_pv(o, rescale, o_units, p_units);
+      if constexpr (!T::kRescaleAfterPv) {
+        rescale_for_next_pv(o, rescale, o_units, p_units);
+      }
       wait_full(smem.v_full[v_pipe.stage], v_pipe.phase);
       gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
-      pass_gemm_turn(warpgroup);
+      pass_turn(warpgroup);
       if constexpr (!T::kIntraWgOverlap) {
         mma_wait<0>();  // ablation: the PV GEMM finishes before the softmax starts
       }
@@ -515,6 +494,9 @@ struct Mainloop {
       keep_softmax_under_pv(softmax);
       mma_wait<0>();
       fence_operands(o);
+      if constexpr (T::kRescaleAfterPv) {
+        rescale_for_next_pv(o, rescale, o_units, p_units);
+      }
       release(smem.v_empty[v_pipe.stage]);
       issue_ready_loads();
       scores_to_p(s, p);
@@ -527,7 +509,9 @@ struct Mainloop {
   // The last O += P V of the work (key block n_begin), after O's rescale for it.
   __device__ void last_pv(float (&o)[T::kOAccRegs], float (&rescale)[2], float& o_units,
                           float p_units, const uint32_t (&p)[T::kPRegs], const Pipeline& v_pipe) {
-    rescale_for_next_pv(o, rescale, o_units, p_units);
+    if constexpr (!T::kRescaleAfterPv) {
+      rescale_for_next_pv(o, rescale, o_units, p_units);
+    }
     wait_full(smem.v_full[v_pipe.stage], v_pipe.phase);
     gemm_pv(p, smem_u32(smem.v[v_pipe.stage]), o);
     mma_wait<0>();

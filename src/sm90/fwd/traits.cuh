@@ -38,8 +38,8 @@ struct LoopDefaults {
   static constexpr bool kKvMulticast = false;
   static constexpr bool kTailSplit = false;
   static constexpr bool kDeferOStoreWait = false;
-  static constexpr bool kTurnOnExps = false;
   static constexpr bool kDescAdd = false;
+  static constexpr bool kRescaleAfterPv = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -74,12 +74,11 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   // same run, three rounds, bf16 1k 415-419 -> 424-425, 4k 509-518 ->
   // 519-521, 16k 496-530 -> 508-529.
   static constexpr bool kKvMulticast = !kCausal;
-  // Short causal (two consumer warpgroups): the turn around the
-  // exponentials (Traits::kTurnOnExps), bf16, same run, three rounds:
-  // 512 223-224 -> 239-240, 1k 302-304 -> 320-321, 2k 371-376 -> 385-386.
-  // Not with three warpgroups (192 rows): causal 4k 422-428 -> 359-360,
-  // non-causal 1k 429-433 -> 347, 16k 525-533 -> 417.
-  static constexpr bool kTurnOnExps = kShort && kCausal;
+  // Short non-causal: O rescaled right after the PV wait
+  // (Traits::kRescaleAfterPv), bf16, same run, three rounds: 512 382-386
+  // -> 393-396, 1k 431-435 -> 441-442 (36 bytes of spill with it). Not the
+  // others: causal -1..-3%, long non-causal equal or -1%, d128 -2..-5%.
+  static constexpr bool kRescaleAfterPv = kShort && !kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 64, true> = 2048;
@@ -124,10 +123,11 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // -> 592-595.
   static constexpr bool kDeferOStoreWait = kOApart;
   // Causal: descriptors as the tile's plus an offset (Traits::kDescAdd),
-  // bf16, same run, three rounds: 512 304-310 -> 308-316, 1k 412-418 ->
-  // 415-426, 4k 570-575 -> 576-588, 16k 626-632 -> 632-643, 2k equal.
+  // bf16, same run, three rounds, two runs: 1k 412-418 -> 415-426 and
+  // 416-420 -> 416-422, 4k 570-575 -> 576-588 and 570-576 -> 579-580, 16k
+  // 626-632 -> 632-643 and 627-631 -> 630-635, 512 and 2k equal.
   // Non-causal: equal (4k within its noise). The turn around the
-  // exponentials (Traits::kTurnOnExps) lost causal 2-4% (4k 570-575 ->
+  // exponentials (design.md, lessons) lost causal 2-4% (4k 570-575 ->
   // 553-559) and read non-causal 1k equal, 2k +1.5% (same run).
   static constexpr bool kDescAdd = kCausal;
 };
@@ -162,9 +162,12 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // run, three rounds, bf16 non-causal 1k 552-556 -> 537-542, 4k 665-669 -> 628-631,
   // 16k 695-701 -> 649-656).
   // Causal: descriptors as the tile's plus an offset (Traits::kDescAdd),
-  // same run, three rounds: 512 299-301 -> 305-306, 1k 406-409 -> 412-414,
-  // 2k 530-537 -> 540-548, 4k 604-614 -> 619-627, 16k equal; non-causal
-  // equal or -1..-2% (2k). The turn around the exponentials lost 1-2%.
+  // bf16, same run, three rounds, two runs: 512 299-301 -> 305-306 and
+  // 299-302 -> 302-304, 1k 406-409 -> 412-414 and 403-409 -> 407-410, 2k
+  // 530-537 -> 540-548 and 527-535 -> 534-536, 4k 604-614 -> 619-627 and
+  // 601-608 -> 604-611, 16k 666-671 -> 663-668 and 648-658 -> 660-667;
+  // non-causal equal or -1..-2% (2k). The turn around the exponentials
+  // (design.md, lessons) lost 1-2%.
   static constexpr bool kDescAdd = kCausal;
 };
 template <>
@@ -294,19 +297,15 @@ struct Traits {
   static constexpr bool kPingPong = kPingPongEnabled && !(kFp8 && !kCausal);
   // A warpgroup's softmax of block n runs under its PV GEMM of block n+1.
   static constexpr bool kIntraWgOverlap = kIntraWgOverlapEnabled;
-  // The ping-pong turn covers a warpgroup's exponentials instead of its
-  // GEMM issue (Mainloop::compute): the MUFU-bound sections of the
-  // warpgroups alternate and each issues its GEMMs once their operands are
-  // ready. The order of cuDNN's kernel in its SASS (ncu, bf16 d128 1k:
-  // the turn's barrier between the row max and the exponentials), where
-  // ours let both warpgroups' exponentials overlap (the MUFU waits took 11%
-  // of the warp samples against cuDNN's 0.7%). Set by measurement
-  // (TileConfig).
-  static constexpr bool kTurnOnExps = Config::kTurnOnExps && kPingPong && !Config::kQkAhead;
   // wgmma descriptors as the tile's plus an offset (TileDesc): fewer
   // uniform instructions, but ptxas's plan of the kernel moves with it
   // (TileConfig).
   static constexpr bool kDescAdd = Config::kDescAdd;
+  // O takes the softmax's factor right after the PV GEMM in flight is done,
+  // where ptxas interleaves it with the exponentials (as cuDNN's SASS
+  // does), instead of before the next PV GEMM's issue (Mainloop::compute).
+  static constexpr bool kRescaleAfterPv =
+      Config::kRescaleAfterPv && !kFp8 && !Config::kQkAhead && !Config::kSoftmaxUnderPv;
   // Key-block loop details (LoopDefaults): the softmax sums a block's rows
   // in four chains (OnlineSoftmax); O's rescale is skipped when no row of
   // the warp changed its max (Mainloop::rescale_for_next_pv).
