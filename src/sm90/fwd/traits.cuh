@@ -128,7 +128,8 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // 626-632 -> 632-643 and 627-631 -> 630-635, 512 and 2k equal.
   // Non-causal: equal (4k within its noise). The turn around the
   // exponentials (design.md, lessons) lost causal 2-4% (4k 570-575 ->
-  // 553-559) and read non-causal 1k equal, 2k +1.5% (same run).
+  // 553-559) and non-causal 3-6% (cells timed apart, five rounds: 1k
+  // 600-604 -> 564-569).
   static constexpr bool kDescAdd = kCausal;
 };
 template <>
