@@ -59,7 +59,8 @@ struct Mainloop {
   using Element = typename T::Element;
   using Storage = SharedStorage<T>;
   using Pipeline = PipelineState<T::kStages>;
-  using Softmax = OnlineSoftmax<T::kFp8 ? fp8::kFp8ProbOffsetLog2 : 0, T::kSumChains>;
+  using Softmax =
+      OnlineSoftmax<T::kFp8 ? fp8::kFp8ProbOffsetLog2 : 0, T::kSumChains, T::kMaxSlackLog2>;
   static constexpr int kBlockM = T::kBlockM;
   static constexpr int kBlockN = T::kBlockN;
   static constexpr int kHeadDim = T::kHeadDimV;

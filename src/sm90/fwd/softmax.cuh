@@ -54,8 +54,10 @@ __device__ __forceinline__ float combine_chains(float (&v)[kChains], Op op) {
 // kProbOffsetLog2: P = exp2(scaled score - row max + offset); the FP8 kernel
 // uses fp8::kFp8ProbOffsetLog2 (sm90/fp8/prob_offset.hpp). kSumChains: a
 // block's row sums in four independent chains instead of one dependent
-// chain (Traits::kSumChains).
-template <int kProbOffsetLog2 = 0, bool kSumChains = false>
+// chain (Traits::kSumChains). kMaxSlackLog2 > 0: the running max moves only
+// when a block's max passes it by more than that, so P <= 2^kMaxSlackLog2
+// and most blocks leave every row's factor at exactly 1 (Traits::kMaxSlackLog2).
+template <int kProbOffsetLog2 = 0, bool kSumChains = false, int kMaxSlackLog2 = 0>
 struct OnlineSoftmax {
   static constexpr int kRows = 2;
   static constexpr float kLn2 = 0.6931471805599453f;
@@ -142,7 +144,12 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float m = kQuadReduced ? block_max[r] : quad_max(block_max[r]);
-      const float new_max = fmaxf(row_max[r], m * scale_log2);
+      const float block_max = m * scale_log2;
+      const float new_max =
+          kMaxSlackLog2 > 0
+              ? (block_max > row_max[r] + static_cast<float>(kMaxSlackLog2) ? block_max
+                                                                             : row_max[r])
+              : fmaxf(row_max[r], block_max);
       const float base = new_max == -INFINITY ? 0.0f : new_max;
       rescale[r] = fast_exp2(row_max[r] - base);
       shift[r] = base - static_cast<float>(kProbOffsetLog2);

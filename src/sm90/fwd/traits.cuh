@@ -40,6 +40,7 @@ struct LoopDefaults {
   static constexpr bool kDeferOStoreWait = false;
   static constexpr bool kDescAdd = false;
   static constexpr bool kRescaleAfterPv = false;
+  static constexpr int kMaxSlackLog2 = 0;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -79,6 +80,12 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   // -> 393-396, 1k 431-435 -> 441-442 (36 bytes of spill with it). Not the
   // others: causal -1..-3%, long non-causal equal or -1%, d128 -2..-5%.
   static constexpr bool kRescaleAfterPv = kShort && !kCausal;
+  // The running max moved only past a slack of 2^8 (Traits::kMaxSlackLog2),
+  // bf16, same run, three rounds: non-causal 1k 438-440 -> 441-446, 2k
+  // 495-498 -> 515-517, 16k 508-516 -> 528-531; causal 4k 449-450 ->
+  // 462-468. Not the short causal variant: 1k 324-326 -> 308-310, 2k
+  // 396-398 -> 367-370.
+  static constexpr int kMaxSlackLog2 = kShort && kCausal ? 0 : 8;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 64, true> = 2048;
@@ -131,6 +138,12 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   // 553-559) and non-causal 3-6% (cells timed apart, five rounds: 1k
   // 600-604 -> 564-569).
   static constexpr bool kDescAdd = kCausal;
+  // The running max moved only past a slack of 2^8 (Traits::kMaxSlackLog2),
+  // bf16, same run, three rounds: non-causal 512 510-512 -> 517-519, 1k 591
+  // -> 603-604, 2k 638-639 -> 655-656, 4k 672-673 -> 687-688; causal 1k
+  // 461-462 -> 470-471, 4k 630-631 -> 646, 16k 645-699 -> 712-715; fp16
+  // non-causal 1k 577-578 -> 587-589, 4k 649-655 -> 660-667.
+  static constexpr int kMaxSlackLog2 = 8;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 128, false> = 2048;
@@ -170,6 +183,12 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // non-causal equal or -1..-2% (2k). The turn around the exponentials
   // (design.md, lessons) lost 1-2%.
   static constexpr bool kDescAdd = kCausal;
+  // The running max moved only past a slack of 2^8 (Traits::kMaxSlackLog2),
+  // bf16, same run, three rounds: non-causal 512 489-491 -> 506-507, 1k
+  // 622-624 -> 647-649, 2k 689-690 -> 724-727, 4k 729-731 -> 769-772, 16k
+  // 697-715 -> 751-823; causal 512 334-336 -> 347-349, 1k 455 -> 483-485,
+  // 4k 665-666 -> 708, 16k 671-728 -> 766-785.
+  static constexpr int kMaxSlackLog2 = 8;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 256, true> = 1024;
@@ -311,7 +330,17 @@ struct Traits {
   // in four chains (OnlineSoftmax); O's rescale is skipped when no row of
   // the warp changed its max (Mainloop::rescale_for_next_pv).
   static constexpr bool kSumChains = Config::kSumChains;
-  static constexpr bool kSkipUnchangedRescale = Config::kSkipUnchangedRescale;
+  // The running max moves only when a block's max passes it by more than
+  // 2^kMaxSlackLog2 (OnlineSoftmax; the conditional rescale of
+  // FlashAttention-4): P stays <= 2^8, which 16-bit P and the fp32 sums hold
+  // exactly as well, and after a row's first blocks its factor stays at 1,
+  // so O's rescale is skipped (kSkipUnchangedRescale) in nearly every block
+  // instead of in the few where no row's max moved. Not fp8, whose P is
+  // already scaled up to the top of e4m3 (fp8::kFp8ProbOffsetLog2).
+  static constexpr int kMaxSlackLog2 = Config::kMaxSlackLog2;
+  static_assert(!kFp8 || kMaxSlackLog2 == 0, "fp8 P has no room above its offset");
+  static constexpr bool kSkipUnchangedRescale =
+      Config::kSkipUnchangedRescale || kMaxSlackLog2 > 0;
   // Q K^T of block n-1 issued before the softmax of block n, into a second S
   // accumulator (Mainloop::compute_ahead), so the warpgroup never waits for S.
   static constexpr bool kQkAhead = Config::kQkAhead && kIntraWgOverlap;
