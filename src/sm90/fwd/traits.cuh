@@ -109,7 +109,12 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   static constexpr OStore kOStore = kOApart ? OStore::kSeparateTile : OStore::kInQTile;
   // Causal: the same two loop details as d64, bf16, same run, two rounds:
   // 1k 388 -> 390, 4k 523 -> 535, 16k 575 -> 598; non-causal unchanged.
-  static constexpr bool kSumChains = kCausal, kSkipUnchangedRescale = kCausal;
+  // Non-causal, once the max slack skips most rescales (kMaxSlackLog2
+  // below), the four sum chains too: same run, three rounds, bf16 512
+  // 525-527 -> 531-533, 1k 610-611 -> 621-622, 2k 661-662 -> 676, 4k 686-687
+  // -> 698-699, 16k 674-709 -> 677-750; fp16 1k 595-596 -> 607-609, 4k 666-668
+  // -> 677-678. (Descriptor adds for non-causal then: +0.2-0.9%, not taken.)
+  static constexpr bool kSumChains = true, kSkipUnchangedRescale = kCausal;
   // Non-causal: two-CTA clusters share K and V (Traits::kClusterKv): same
   // run, three rounds, bf16 1k 527-530 -> 539-544, 4k 600-609 -> 616-617,
   // 16k 617-659 -> 630-636; sustained (300 calls, power-capped) 16k 620 ->
