@@ -144,12 +144,11 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const float m = kQuadReduced ? block_max[r] : quad_max(block_max[r]);
-      const float block_max = m * scale_log2;
+      const float scaled = m * scale_log2;
       const float new_max =
           kMaxSlackLog2 > 0
-              ? (block_max > row_max[r] + static_cast<float>(kMaxSlackLog2) ? block_max
-                                                                             : row_max[r])
-              : fmaxf(row_max[r], block_max);
+              ? (scaled > row_max[r] + static_cast<float>(kMaxSlackLog2) ? scaled : row_max[r])
+              : fmaxf(row_max[r], scaled);
       const float base = new_max == -INFINITY ? 0.0f : new_max;
       rescale[r] = fast_exp2(row_max[r] - base);
       shift[r] = base - static_cast<float>(kProbOffsetLog2);

@@ -194,7 +194,7 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // 697-715 -> 751-823; causal 512 334-336 -> 347-349, 1k 455 -> 483-485,
   // 4k 665-666 -> 708, 16k 671-728 -> 766-785.
   static constexpr int kMaxSlackLog2 = 8;
-  // With it, the four sum chains (LoopDefaults): same run, three rounds,
+  // With it, the four sum chains (OnlineSoftmax): same run, three rounds,
   // bf16 non-causal 1k 644-648 -> 650-652, 2k 716-720 -> 725-727, 4k
   // 752-764 -> 769, 16k 747-803 -> 748-803; causal 2k 619-620 -> 622-623,
   // 16k 727-785 -> 774-791.
