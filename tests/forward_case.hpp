@@ -130,5 +130,7 @@ class DeviceProblem {
 // against the float64 reference with the tolerance rule; skips the test when
 // the case's kernel is not in this build.
 void expect_matches_reference(const ForwardCase& c);
+// The same on the given inputs (values of the case's dtype).
+void expect_matches_reference(const ForwardCase& c, const Inputs& in);
 
 }  // namespace flash3::test

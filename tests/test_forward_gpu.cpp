@@ -127,6 +127,34 @@ TEST_P(ForwardSweep, ClusterPairs) { expect_all_match_reference(make_all(kCluste
 
 TEST_P(ForwardSweep, TailSplit) { expect_all_match_reference(make_all(kTailSplitDims)); }
 
+// Scores that climb by ~23 (log2 units) from one key block to the one
+// before it, which the kernels visit next: the running max jumps past the
+// max slack (Traits::kMaxSlackLog2) in every block, so each block takes
+// the rescale that the slack skips elsewhere. q[..., 0] = 4 and k[..., 0]
+// = (seqlen_k - 1 - key) / 8 add (seqlen_k - 1 - key) / 8 to every score at
+// softmax scale 0.25, on top of the random rest.
+TEST_P(ForwardSweep, ScoresRiseAcrossKeyBlocks) {
+  std::vector<ForwardCase> cases = {make({1, 300, 700, 2, 2}, Layout::kContiguous, 0.25f),
+                                    make({2, 640, 640, 2, 1}, Layout::kContiguous, 0.25f)};
+  for (const ForwardCase& c : cases) {
+    SCOPED_TRACE(c.name());
+    Inputs in = random_inputs(c);
+    const ref::Shape& s = c.shape;
+    for (size_t row = 0; row < in.q.size() / s.headdim; ++row) {
+      in.q[row * s.headdim] = 4.0f;
+    }
+    for (size_t row = 0; row < in.k.size() / s.headdim; ++row) {  // (batch, key, head) rows
+      const int key = static_cast<int>(row / s.heads_k % s.seqlen_k);
+      in.k[row * s.headdim] =
+          ref::round_to(half_type(c.dtype), static_cast<float>(s.seqlen_k - 1 - key) / 8.0f);
+    }
+    expect_matches_reference(c, in);
+    if (IsSkipped()) {
+      return;
+    }
+  }
+}
+
 TEST_P(ForwardSweep, StridedLayouts) {
   std::vector<ForwardCase> cases;
   for (const auto& [layout, dims] : kLayoutCases) {
