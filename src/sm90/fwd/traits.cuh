@@ -107,14 +107,15 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
   static constexpr bool kOApart = kCausal || kShort;
   static constexpr int kBlockM = 128, kBlockN = kOApart ? 128 : 176, kStages = 2;
   static constexpr OStore kOStore = kOApart ? OStore::kSeparateTile : OStore::kInQTile;
-  // Causal: the same two loop details as d64, bf16, same run, two rounds:
-  // 1k 388 -> 390, 4k 523 -> 535, 16k 575 -> 598; non-causal unchanged.
-  // Non-causal, once the max slack skips most rescales (kMaxSlackLog2
-  // below), the four sum chains too: same run, three rounds, bf16 512
-  // 525-527 -> 531-533, 1k 610-611 -> 621-622, 2k 661-662 -> 676, 4k 686-687
-  // -> 698-699, 16k 674-709 -> 677-750; fp16 1k 595-596 -> 607-609, 4k 666-668
-  // -> 677-678. (Descriptor adds for non-causal then: +0.2-0.9%, not taken.)
-  static constexpr bool kSumChains = true, kSkipUnchangedRescale = kCausal;
+  // Causal: four sum chains and skipping unchanged rescales (the skip now
+  // comes with kMaxSlackLog2 below), bf16, same run, two rounds: 1k 388 ->
+  // 390, 4k 523 -> 535, 16k 575 -> 598; non-causal unchanged.
+  // Non-causal, once the max slack skips most rescales, the sum chains
+  // too: same run, three rounds, bf16 512 525-527 -> 531-533, 1k 610-611 ->
+  // 621-622, 2k 661-662 -> 676, 4k 686-687 -> 698-699, 16k 674-709 ->
+  // 677-750; fp16 1k 595-596 -> 607-609, 4k 666-668 -> 677-678.
+  // (Descriptor adds for non-causal then: +0.2-0.9%, not taken.)
+  static constexpr bool kSumChains = true;
   // Non-causal: two-CTA clusters share K and V (Traits::kClusterKv): same
   // run, three rounds, bf16 1k 527-530 -> 539-544, 4k 600-609 -> 616-617,
   // 16k 617-659 -> 630-636; sustained (300 calls, power-capped) 16k 620 ->
