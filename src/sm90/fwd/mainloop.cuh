@@ -406,7 +406,8 @@ struct Mainloop {
     const Tile& tile = work.tile;
     const int n_begin = T::kTailSplit ? work.n_begin : 0, n_end = work.n_end;
     const FragmentCoord c = FragmentCoord::current();
-    const int row0 = tile.m_block * kBlockM + warpgroup * kMmaM + c.warp * 16 + c.row;
+    const int wg_row0 = tile.m_block * kBlockM + warpgroup * kMmaM;
+    const int row0 = wg_row0 + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
     const int head_kv = tile.head / args.heads_per_kv_head;
     const int heads_kv = args.heads_q / args.heads_per_kv_head;
@@ -429,6 +430,34 @@ struct Mainloop {
     auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
       mask_block(s, n);
       softmax.step(s, rescale, block_scale(n));
+    };
+    // The first block (the causal diagonal or the last keys) with its second
+    // half, or all of it, hidden from every row of the warpgroup
+    // (T::kSkipHiddenKeys): P is 0 there, without exponentials, maxima or
+    // sums. O is still 0, so a fully hidden block leaves the softmax as it is.
+    auto first_softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
+      constexpr int kHalf = T::kSAccRegs / 2;
+      const int visible = T::kSkipHiddenKeys ? mask.visible_keys(wg_row0, kMmaM, n)
+                                             : kBlockN;
+      if (visible > kBlockN / 2) {
+        softmax_step(s, n, rescale);
+        return;
+      }
+      if (visible > 0) {
+        float(&first)[kHalf] = *reinterpret_cast<float(*)[kHalf]>(&s[0]);
+        mask.apply(first, row0, n * kBlockN + c.col);
+        softmax.step(first, rescale, block_scale(n));
+      } else {
+#pragma unroll
+        for (int i = 0; i < kHalf; ++i) {
+          s[i] = 0.0f;
+        }
+        rescale[0] = rescale[1] = 1.0f;
+      }
+#pragma unroll
+      for (int i = kHalf; i < T::kSAccRegs; ++i) {
+        s[i] = 0.0f;
+      }
     };
 
     wait_full(smem.q_full, step & 1);
@@ -458,7 +487,7 @@ struct Mainloop {
       if (n_end - 1 == n_begin) {
         release_q();
       }
-      softmax_step(s, n_end - 1, rescale);
+      first_softmax_step(s, n_end - 1, rescale);
       scores_to_p(s, p);
       if constexpr (T::kFp8) {
         p_units = v_scale(n_end - 1);

@@ -38,6 +38,15 @@ struct Mask {
     return kCausal && block_last_key > m_block * kBlockM + causal_offset();
   }
 
+  // How many leading keys of block n_block some row of [first_row,
+  // first_row + rows) sees (the rest of the block is hidden from all of
+  // them): under kBlockN on a causal diagonal or the last key block.
+  __device__ int visible_keys(int first_row, int rows, int n_block) const {
+    const int last_row = min(first_row + rows, seqlen_q) - 1;
+    const int visible = kCausal ? min(seqlen_k, last_row + causal_offset() + 1) : seqlen_k;
+    return max(0, min(kBlockN, visible - n_block * kBlockN));
+  }
+
   // Sets hidden scores of one thread's accumulator to -inf. The accumulator
   // follows the wgmma layout: s[4j + e] is row `row0` (e < 2) or `row0 + 8`
   // (e >= 2), key column `col0 + 8j + (e & 1)`.

@@ -41,6 +41,7 @@ struct LoopDefaults {
   static constexpr bool kDescAdd = false;
   static constexpr bool kRescaleAfterPv = false;
   static constexpr int kMaxSlackLog2 = 0;
+  static constexpr bool kSkipHiddenKeys = false;
 };
 
 // kBlockM: query rows per CTA (64 per consumer warpgroup).
@@ -86,6 +87,14 @@ struct TileConfig<64, kCausal, kShort> : LoopDefaults {
   // 462-468. Not the short causal variant: 1k 324-326 -> 308-310, 2k
   // 396-398 -> 367-370.
   static constexpr int kMaxSlackLog2 = kShort && kCausal ? 0 : 8;
+  // Long causal: the hidden keys of a tile's first block skipped
+  // (Traits::kSkipHiddenKeys; with 192 rows and 128 keys a warpgroup's
+  // first block is often half or wholly hidden), bf16, same run, three
+  // rounds: 4k 462-468 -> 474-480, 16k 506-507 -> 512-546 (and 465-468 ->
+  // 478-479, 499-522 -> 514-554 in an earlier version that skipped only
+  // halves). Not the short causal variant: 1k 325-328 -> 312-313, 2k
+  // 396-401 -> 371-372; nor non-causal (no hidden keys on the grid; -1..-4%).
+  static constexpr bool kSkipHiddenKeys = kCausal && !kShort;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 64, true> = 2048;
@@ -200,6 +209,12 @@ struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // 752-764 -> 769, 16k 747-803 -> 748-803; causal 2k 619-620 -> 622-623,
   // 16k 727-785 -> 774-791.
   static constexpr bool kSumChains = true;
+  // Causal: the hidden keys of a tile's first block skipped
+  // (Traits::kSkipHiddenKeys; at 64 keys the first block of the first
+  // warpgroup is wholly hidden), bf16, same run, three rounds: 512 348 ->
+  // 354-355, 1k 490 -> 500-501, 2k 629-630 -> 635, 4k 719-720 -> 724 (16k
+  // within its power-capped spread).
+  static constexpr bool kSkipHiddenKeys = kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 256, true> = 1024;
@@ -269,6 +284,12 @@ struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   // equal. Not non-causal (mixed, -1.5% at 512; the short kernel then
   // spills 44 bytes), nor fp8 d128 (causal -3..-6%, non-causal 512 -3%).
   static constexpr bool kDeferOStoreWait = kCausal;
+  // Causal: the hidden keys of a tile's first block skipped
+  // (Traits::kSkipHiddenKeys), same run, three rounds: 512 492-496 ->
+  // 498-504, 1k 719-720 -> 729-737, 2k 913-915 -> 926-932, 4k 1056-1059 ->
+  // 1065-1072, 16k 1167-1181 -> 1188-1190. Not fp8 d128 causal (512 +5%,
+  // 2k-16k -3..-6%).
+  static constexpr bool kSkipHiddenKeys = kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<true, 256, false> = 2048;
@@ -352,6 +373,10 @@ struct Traits {
   static_assert(!kFp8 || kMaxSlackLog2 == 0, "fp8 P has no room above its offset");
   static constexpr bool kSkipUnchangedRescale =
       Config::kSkipUnchangedRescale || kMaxSlackLog2 > 0;
+  // The first key block of a tile (the causal diagonal, or the last keys)
+  // with its second half or all of it hidden from a warpgroup's 64 rows:
+  // that warpgroup's softmax skips the hidden part (Mainloop::compute).
+  static constexpr bool kSkipHiddenKeys = Config::kSkipHiddenKeys;
   // Q K^T of block n-1 issued before the softmax of block n, into a second S
   // accumulator (Mainloop::compute_ahead), so the warpgroup never waits for S.
   static constexpr bool kQkAhead = Config::kQkAhead && kIntraWgOverlap;
