@@ -254,7 +254,9 @@ Output DeviceProblem::download() const {
   return o;
 }
 
-void expect_matches_reference(const ForwardCase& c) { expect_matches_reference(c, random_inputs(c)); }
+void expect_matches_reference(const ForwardCase& c) {
+  expect_matches_reference(c, random_inputs(c));
+}
 
 void expect_matches_reference(const ForwardCase& c, const Inputs& in) {
   DeviceProblem problem(c, in);
