@@ -46,6 +46,17 @@ __device__ inline void tma_store(const CUtensorMap* map, const void* smem, int c
       : "memory");
 }
 
+// Four 8x8 tiles of 16-bit values to shared memory (stmatrix): register i of
+// a lane holds row lane / 4, columns 2 (lane % 4) and + 1 of tile i (the
+// wgmma accumulator fragment, packed), and lane l gives the address of row
+// l % 8 of tile l / 8 (16-byte aligned).
+__device__ inline void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                   uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 __device__ inline void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Waits until the committed stores have finished reading shared memory.

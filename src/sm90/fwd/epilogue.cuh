@@ -78,7 +78,7 @@ struct Epilogue {
     if constexpr (T::kOStore == OStore::kDirect) {
       store_direct(args, tile, tile_row0, c.col, o, inv_sum);
     } else {
-      store_staged(smem, args, tile, warpgroup, pipe, step, tile_row0, c.col, o, inv_sum);
+      store_staged(smem, args, tile, warpgroup, pipe, step, tile_row0, o, inv_sum);
     }
 
     if (args.lse != nullptr && c.col == 0) {
@@ -258,8 +258,7 @@ struct Epilogue {
   __device__ static void store_staged(SharedStorage<T>& smem, const KernelArgs& args,
                                       const Tile& tile, int warpgroup,
                                       const PipelineState<T::kStages>& pipe, int step,
-                                      int tile_row0,
-                                      int col, const float (&o)[T::kOAccRegs],
+                                      int tile_row0, const float (&o)[T::kOAccRegs],
                                       const float (&inv_sum)[2]) {
     const bool leader = threadIdx.x % T::kWarpgroupThreads == 0;
     // The staging tile holds the CTA tile's rows, or (kInV) this warpgroup's.
@@ -281,14 +280,22 @@ struct Epilogue {
       }
       named_barrier_sync(barrier(warpgroup), kThreads);
     }
+    // stmatrix, two 8-column groups of the warp's 16 rows at a time: tiles
+    // (rows 0-7, group j), (8-15, j), (0-7, j + 1), (8-15, j + 1); lane l
+    // addresses row l % 8 + 8 ((l / 8) % 2) of group j + l / 16.
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int st_row = row0 - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);
+    const uint32_t staging_addr = smem_u32(staging);
 #pragma unroll
-    for (int j = 0; j < kHeadDim / 8; ++j) {
+    for (int j = 0; j < kHeadDim / 8; j += 2) {
+      uint32_t p[4];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int row = row0 + 8 * r;
-        *reinterpret_cast<uint32_t*>(staging + swizzled_offset(row, 8 * j + col)) =
-            pack2<OutElement>(o[4 * j + 2 * r] * inv_sum[r], o[4 * j + 2 * r + 1] * inv_sum[r]);
+      for (int i = 0; i < 4; ++i) {
+        const int g = j + i / 2, r = i % 2;  // tile i: column group g, rows 8r..
+        p[i] = pack2<OutElement>(o[4 * g + 2 * r] * inv_sum[r], o[4 * g + 2 * r + 1] * inv_sum[r]);
       }
+      stmatrix_x4(staging_addr + swizzled_offset(st_row, 8 * (j + lane / 16)), p[0], p[1], p[2],
+                  p[3]);
     }
     fence_view_async_shared();
     named_barrier_sync(barrier(warpgroup), kThreads);
