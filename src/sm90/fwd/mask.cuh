@@ -50,14 +50,20 @@ struct Mask {
   // Sets hidden scores of one thread's accumulator to -inf. The accumulator
   // follows the wgmma layout: s[4j + e] is row `row0` (e < 2) or `row0 + 8`
   // (e >= 2), key column `col0 + 8j + (e & 1)`.
+  // Each row's limit is taken relative to col0 once, so that every element
+  // compares its constant column offset against it (one ISETP with an
+  // immediate and one FSEL, no per-element address arithmetic).
   template <int kRegs>
   __device__ void apply(float (&s)[kRegs], int row0, int col0) const {
+    int visible[2];  // keys of the block from col0 on that rows row0, row0 + 8 see
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + 8 * r;
+      visible[r] = (kCausal ? min(seqlen_k, row + causal_offset() + 1) : seqlen_k) - col0;
+    }
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
-      const int row = row0 + ((i & 2) ? 8 : 0);
-      const int col = col0 + (i / 4) * 8 + (i & 1);
-      const int limit = kCausal ? min(seqlen_k, row + causal_offset() + 1) : seqlen_k;
-      if (col >= limit) {
+      if ((i / 4) * 8 + (i & 1) >= visible[(i & 2) ? 1 : 0]) {
         s[i] = -INFINITY;
       }
     }
