@@ -38,13 +38,17 @@ struct Mask {
     return kCausal && block_last_key > m_block * kBlockM + causal_offset();
   }
 
+  // Query row `row` sees keys [0, keys_seen(row)).
+  __device__ int keys_seen(int row) const {
+    return kCausal ? min(seqlen_k, row + causal_offset() + 1) : seqlen_k;
+  }
+
   // How many leading keys of block n_block some row of [first_row,
   // first_row + rows) sees (the rest of the block is hidden from all of
   // them): under kBlockN on a causal diagonal or the last key block.
   __device__ int visible_keys(int first_row, int rows, int n_block) const {
     const int last_row = min(first_row + rows, seqlen_q) - 1;
-    const int visible = kCausal ? min(seqlen_k, last_row + causal_offset() + 1) : seqlen_k;
-    return max(0, min(kBlockN, visible - n_block * kBlockN));
+    return max(0, min(kBlockN, keys_seen(last_row) - n_block * kBlockN));
   }
 
   // Sets hidden scores of one thread's accumulator to -inf. The accumulator
@@ -58,8 +62,7 @@ struct Mask {
     int visible[2];  // keys of the block from col0 on that rows row0, row0 + 8 see
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = row0 + 8 * r;
-      visible[r] = (kCausal ? min(seqlen_k, row + causal_offset() + 1) : seqlen_k) - col0;
+      visible[r] = keys_seen(row0 + 8 * r) - col0;
     }
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
