@@ -50,7 +50,11 @@ struct FastDivisor {
     return f;
   }
   FLASH3_HOST_DEVICE int divide(int n) const {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(static_cast<uint32_t>(n), mul);  // no 64-bit register pair
+#else
     const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(n) * mul) >> 32);
+#endif
     return static_cast<int>((hi + static_cast<uint32_t>(n)) >> shift);
   }
 };

@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   }
 
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
-  const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.num_tiles,
+  const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.by_m_blocks,
+                                args.by_heads_q, args.num_tiles,
                                 tail_schedule<T, kCausal>(args, mask)};
   Mainloop<T, kCausal> mainloop{smem, args, scheduler, mask};
   typename Mainloop<T, kCausal>::Pipeline pipe;

@@ -29,6 +29,8 @@ struct KernelArgs {
   int heads_per_kv_head;  // heads_q / heads_k (GQA group size)
   int num_m_blocks;
   int num_tiles;  // num_m_blocks * heads_q * batch
+  // Division by num_m_blocks, heads_q and heads_per_kv_head, per tile.
+  flash3::detail::FastDivisor by_m_blocks, by_heads_q, by_kv_group;
   // The tail split (tail_split.hpp; split.tail_blocks 0: none), CTAs per
   // group (2 in K/V clusters) and the workspace (its layout: Epilogue's
   // kPartial* sizes); a flag is 1 from its partial's write to its fold.

@@ -119,6 +119,9 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.heads_q = p.heads_q;
   args.heads_per_kv_head = p.heads_q / p.heads_k;
   args.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+  args.by_m_blocks = detail::FastDivisor::of(args.num_m_blocks);
+  args.by_heads_q = detail::FastDivisor::of(args.heads_q);
+  args.by_kv_group = detail::FastDivisor::of(args.heads_per_kv_head);
   args.softmax_scale = p.softmax_scale;
   args.q_descale = p.q_descale;
   args.k_descale = p.k_descale;

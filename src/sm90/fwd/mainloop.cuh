@@ -93,7 +93,7 @@ struct Mainloop {
   __device__ void start_step(LoadCursor& c) const {
     c.valid = scheduler.template work<kCausal, T::kTailSplit>(c.at, mask, c.work);
     if (c.valid) {
-      c.head_kv = c.work.tile.head / args.heads_per_kv_head;
+      c.head_kv = args.by_kv_group.divide(c.work.tile.head);
       c.n = c.work.n_end - 1;
       c.next = c.work.n_end <= c.work.n_begin ? LoadStep::kQ : LoadStep::kK;
     }
@@ -409,7 +409,7 @@ struct Mainloop {
     const int wg_row0 = tile.m_block * kBlockM + warpgroup * kMmaM;
     const int row0 = wg_row0 + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
-    const int head_kv = tile.head / args.heads_per_kv_head;
+    const int head_kv = args.by_kv_group.divide(tile.head);
     const int heads_kv = args.heads_q / args.heads_per_kv_head;
     const float q_scale_log2 =
         args.softmax_scale * kLog2e *

@@ -18,6 +18,7 @@
 // step, and so on the same heads' K and V.
 #pragma once
 
+#include "api/params.hpp"
 #include "tail_split.hpp"
 
 namespace flash3::sm90::fwd {
@@ -41,6 +42,11 @@ struct Work {
 struct TileScheduler {
   int num_m_blocks;
   int heads;
+  // index / num_m_blocks and / heads by multiply-high: two integer divisions
+  // (~30 instructions each, on the path from one tile's epilogue to the
+  // next tile's first GEMM) in every tile.
+  flash3::detail::FastDivisor by_m_blocks;
+  flash3::detail::FastDivisor by_heads;
   int num_tiles;
   TailSchedule tail;
 
@@ -90,12 +96,12 @@ struct TileScheduler {
 
   template <bool kCausal>
   __device__ Tile tile(int index) const {
-    const int m = index % num_m_blocks;
-    const int head_batch = index / num_m_blocks;
+    const int head_batch = by_m_blocks.divide(index);
+    const int m = index - head_batch * num_m_blocks;
     Tile t;
     t.m_block = !kCausal ? m : (m % 2 == 0 ? num_m_blocks - 1 - m / 2 : m / 2);
-    t.head = head_batch % heads;
-    t.batch = head_batch / heads;
+    t.batch = by_heads.divide(head_batch);
+    t.head = head_batch - t.batch * heads;
     return t;
   }
 };
