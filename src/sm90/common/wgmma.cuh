@@ -133,4 +133,8 @@ __device__ __forceinline__ void mma_wait() {
   cute::warpgroup_wait<kPending>();
 }
 
+// Register i of a thread's wgmma accumulator belongs to row (i & 2) ? 1 : 0
+// of its two rows (g and g + 8 of its warp's 16).
+__device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
+
 }  // namespace flash3::sm90

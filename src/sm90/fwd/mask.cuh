@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "sm90/common/wgmma.cuh"
+
 namespace flash3::sm90::fwd {
 
 template <int kBlockM, int kBlockN, bool kCausal>
@@ -66,7 +68,7 @@ struct Mask {
     }
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {
-      if ((i / 4) * 8 + (i & 1) >= visible[(i & 2) ? 1 : 0]) {
+      if ((i / 4) * 8 + (i & 1) >= visible[acc_row(i)]) {
         s[i] = -INFINITY;
       }
     }

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "sm90/common/wgmma.cuh"
+
 namespace flash3::sm90::fwd {
 
 inline constexpr float kLog2e = 1.4426950408889634f;
@@ -40,8 +42,6 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Register i of a wgmma accumulator belongs to row (i & 2) ? 1 : 0 of the thread's two rows.
-__device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
 
 // A row's max or sum over the thread's kRegs accumulator registers runs in
 // independent chains: kChainsPerRow<kRegs> of them, register i in chain
