@@ -45,6 +45,9 @@ const char kUsage[] =
     "                                the grid's 16384 tokens)\n"
     "  --warmup N                    untimed calls per cell (default 5)\n"
     "  --iters N                     timed calls per cell, median reported (default 20)\n"
+    "  --backward                    time flash3::backward (16-bit dtypes; FLOPs 2.5x the\n"
+    "                                forward's; the workspace allocated once, outside the timing)\n"
+    "  --deterministic               with --backward: deterministic mode\n"
     "  --json PATH                   also write the results as JSON\n"
     "  --commit SHA                  recorded in the JSON metadata\n"
     "exit codes: 0 every cell ran; 1 a flash3 or CUDA call failed (its row says why, the\n"
@@ -59,6 +62,8 @@ struct Options {
   int iters = 20;
   int batch = 0;                 // --batch; 0: the grid's 16384 / seqlen
   bool fp8_head_scales = false;  // --fp8-scales head
+  bool backward = false;         // --backward
+  bool deterministic = false;    // --deterministic
   std::string json_path;
   std::string commit;
 };
@@ -107,6 +112,10 @@ Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--backward" || flag == "--deterministic") {
+      (flag == "--backward" ? o.backward : o.deterministic) = true;
+      continue;
+    }
     if (flag == "--help" || flag == "-h") {
       std::fputs(kUsage, stdout);
       std::exit(kExitOk);
@@ -356,13 +365,26 @@ int main(int argc, char** argv) {
       return kExitCallFailed;
     }
   }
+  // Backward: dout and the gradients (16-bit, like q), and the workspace.
+  void *dout = nullptr, *grad_q = nullptr, *grad_k = nullptr, *grad_v = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  if (o.backward) {
+    for (void** p : {&dout, &grad_q, &grad_k, &grad_v}) {
+      if (cudaMalloc(p, elements * sizeof(__half)) != cudaSuccess) {
+        std::fprintf(stderr, "flash3_bench: cudaMalloc of the backward buffers failed\n");
+        return kExitCallFailed;
+      }
+    }
+  }
   if (cudaMalloc(&lse, max_tokens * max_heads * sizeof(float)) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     std::fprintf(stderr, "flash3_bench: cannot allocate the log-sum-exp or a stream\n");
     return kExitCallFailed;
   }
 
-  std::printf("flash3 %s on %s, median of %d calls after %d warm-up", flash3::version(),
+  std::printf("flash3 %s %s on %s, median of %d calls after %d warm-up", flash3::version(),
+              o.backward ? (o.deterministic ? "backward (deterministic)" : "backward") : "forward",
               prop.name, o.iters, o.warmup);
   if (std::count(o.dtypes.begin(), o.dtypes.end(), flash3::DType::kFloat8E4M3) > 0) {
     if (o.fp8_head_scales) {
@@ -401,7 +423,33 @@ int main(int argc, char** argv) {
           flash3::ForwardOptions options;
           options.causal = causal != 0;
           flash3::Status s;
-          if (!fp8) {
+          if (o.backward && !fp8) {
+            flash3::BackwardOptions bo;
+            bo.causal = options.causal;
+            bo.deterministic = o.deterministic;
+            size_t need = 0;
+            s = flash3::backward_workspace_size(tq, tk, bo, &need);
+            if (s && need > workspace_bytes) {
+              cudaFree(workspace);
+              workspace_bytes = cudaMalloc(&workspace, need) == cudaSuccess ? need : 0;
+            }
+            bo.workspace = workspace;
+            bo.workspace_bytes = workspace_bytes;
+            const flash3::Tensor tdo = tensor(dout, in_dtype), tdq = tensor(grad_q, in_dtype),
+                                 tdk = tensor(grad_k, in_dtype), tdv = tensor(grad_v, in_dtype);
+            if (s) {
+              fill(dout, in_dtype, static_cast<int64_t>(r.batch) * seqlen * kHidden, ++seed,
+                   stream);
+              s = flash3::forward(tq, tk, tv, to, lse, options, stream);
+            }
+            if (s) {
+              s = time_median(
+                  [&] {
+                    return flash3::backward(tdo, tq, tk, tv, to, lse, tdq, tdk, tdv, bo, stream);
+                  },
+                  o.warmup, o.iters, stream, &r.ms_median);
+            }
+          } else if (!fp8) {
             s = time_median([&] { return flash3::forward(tq, tk, tv, to, lse, options, stream); },
                             o.warmup, o.iters, stream, &r.ms_median);
           } else {
@@ -436,8 +484,8 @@ int main(int argc, char** argv) {
           std::printf("%-5s %5d %6d %5d %6d %5d ", dtype_name(dtype), headdim, causal, r.batch,
                       seqlen, r.heads);
           if (s) {
-            const double flops = 4.0 * r.batch * r.heads * double(seqlen) * seqlen * headdim /
-                                 (causal ? 2 : 1);
+            const double flops = (o.backward ? 10.0 : 4.0) * r.batch * r.heads * double(seqlen) *
+                                 seqlen * headdim / (causal ? 2 : 1);
             r.tflops = flops / (r.ms_median * 1e-3) / 1e12;
             std::printf("%10.4f %8.1f", r.ms_median, r.tflops);
             if (fp8) {

@@ -95,13 +95,23 @@ def run_cell(dtype, headdim, causal, seqlen, args, reasons):
     batch, heads = max(1, TOKENS // seqlen), HIDDEN // headdim
     q, k, v = (torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     flops = 4 * batch * heads * seqlen**2 * headdim / (2 if causal else 1)
+    if args.backward:  # each library's own backward of its own forward; dq compared
+        flops *= 2.5
+        for x in (q, k, v):
+            x.requires_grad_()
+        dout = torch.randn_like(q)
     calls, outs = {}, {}
     for name, (fn, context) in BACKENDS.items():
         try:
             with context(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # SDPA explains at length why it cannot run
-                outs[name] = fn(q, k, v, causal)
-            calls[name] = (lambda fn=fn: fn(q, k, v, causal), context)
+                if args.backward:
+                    out = fn(q, k, v, causal)
+                    call = (lambda out=out: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)[0])
+                else:
+                    call = (lambda fn=fn: fn(q, k, v, causal))
+                outs[name] = call()
+            calls[name] = (call, context)
         except RuntimeError as e:  # flash3's NotImplementedError and missing library too
             reasons.add(f"{name}: {str(e).splitlines()[0]}")
     with warnings.catch_warnings():
@@ -196,6 +206,8 @@ def main():
     parser.add_argument("--causal", choices=["0", "1", "all"], default="all")
     parser.add_argument("--seqlen", type=int_list, default="all", help="comma-separated list or 'all'")
     parser.add_argument("--quick", action="store_true", help="a fast look: --dtype bf16 --seqlen 1024,8192")
+    parser.add_argument("--backward", action="store_true",
+                        help="time the backward (FLOPs 2.5x the forward's; dq compared with cuDNN's)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", help="write the records and metadata here")

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 namespace flash3::ref {
 namespace {
@@ -21,6 +22,9 @@ constexpr int kDotLanes = 4;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// The float64 reference's `round`: none.
+double exact(double x) { return x; }
+
 void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
                  const std::vector<float>& v) {
   if (s.heads_k < 1 || s.heads_q % s.heads_k != 0) {
@@ -28,6 +32,14 @@ void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<
   }
   if (q.size() != s.q_size() || k.size() != s.kv_size() || v.size() != s.kv_size()) {
     throw std::invalid_argument("flash3::ref: q, k or v does not match the shape");
+  }
+}
+
+void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
+                 const std::vector<float>& v, const std::vector<float>& dout) {
+  check_sizes(s, q, k, v);
+  if (dout.size() != s.q_size()) {
+    throw std::invalid_argument("flash3::ref: dout does not match the shape");
   }
 }
 
@@ -50,15 +62,15 @@ void parallel_for(size_t tasks, const std::function<void(size_t)>& task) {
   }
 }
 
-// Calls row(b, h, i) for every query row i of every (batch b, query head h).
+// Calls row(b, h, i) for every row i < rows of every (batch b < batch, head h < heads).
 template <class RowFn>
-void for_each_row(const Shape& s, const RowFn& row) {
-  const size_t blocks = (s.seqlen_q + kRowsPerTask - 1) / kRowsPerTask;
-  parallel_for(static_cast<size_t>(s.batch) * s.heads_q * blocks, [&](size_t t) {
-    const int b = static_cast<int>(t / blocks / s.heads_q);
-    const int h = static_cast<int>(t / blocks % s.heads_q);
+void for_each_row(int batch, int heads, int rows, const RowFn& row) {
+  const size_t blocks = (rows + kRowsPerTask - 1) / kRowsPerTask;
+  parallel_for(static_cast<size_t>(batch) * heads * blocks, [&](size_t t) {
+    const int b = static_cast<int>(t / blocks / heads);
+    const int h = static_cast<int>(t / blocks % heads);
     const int begin = static_cast<int>(t % blocks) * kRowsPerTask;
-    const int end = std::min(begin + kRowsPerTask, s.seqlen_q);
+    const int end = std::min(begin + kRowsPerTask, rows);
     for (int i = begin; i < end; ++i) {
       row(b, h, i);
     }
@@ -95,42 +107,135 @@ struct Problem {
   const float* k;
   const float* v;
   bool causal;
+
+  int kv_head(int h) const { return h / (shape.heads_q / shape.heads_k); }
+  // Row i of query head h (q, out, dout) and row j of kv head `kv` (k, v) in batch b.
+  size_t q_offset(int b, int i, int h) const {
+    return offset(b, i, h, shape.seqlen_q, shape.heads_q, shape.headdim);
+  }
+  size_t kv_offset(int b, int j, int kv) const {
+    return offset(b, j, kv, shape.seqlen_k, shape.heads_k, shape.headdim);
+  }
 };
+
+// A query row's softmax, P_j = exp(score_j - max) / sum; the backward keeps
+// it to recompute the very P of the forward.
+template <class Acc>
+struct RowSoftmax {
+  Acc max = 0;
+  Acc sum = 0;  // zero for a row that sees no key
+
+  Acc lse() const { return sum == 0 ? std::numeric_limits<Acc>::infinity() : max + std::log(sum); }
+};
+
+// scale * q_i . k_j, rounded where a plain implementation stores S.
+template <class Acc, class Round>
+Acc score(const Problem& p, int b, int h, int i, int j, Acc scale, const Round& round) {
+  return scale * round(dot<Acc>(p.q + p.q_offset(b, i, h), p.k + p.kv_offset(b, j, p.kv_head(h)),
+                                p.shape.headdim));
+}
 
 // One query row in Acc arithmetic, with `round` applied where a plain
 // implementation stores S, P and out in its own dtype. Writes out_row (zero
-// beforehand) and returns the row's log-sum-exp.
+// beforehand) and returns the row's softmax.
 template <class Acc, class Round>
-Acc attend_row(const Problem& p, int b, int h, int i, Acc scale, const Round& round, Acc* out_row) {
-  const Shape& s = p.shape;
-  const int keys = visible_keys(s, p.causal, i);
+RowSoftmax<Acc> attend_row(const Problem& p, int b, int h, int i, Acc scale, const Round& round,
+                           Acc* out_row) {
+  const int keys = visible_keys(p.shape, p.causal, i);
   if (keys == 0) {
-    return std::numeric_limits<Acc>::infinity();
+    return {};
   }
-  const int kv_head = h / (s.heads_q / s.heads_k);
-  const float* q_row = p.q + offset(b, i, h, s.seqlen_q, s.heads_q, s.headdim);
   std::vector<Acc> probs(keys);
   for (int j = 0; j < keys; ++j) {
-    const float* k_row = p.k + offset(b, j, kv_head, s.seqlen_k, s.heads_k, s.headdim);
-    probs[j] = scale * round(dot<Acc>(q_row, k_row, s.headdim));
+    probs[j] = score(p, b, h, i, j, scale, round);
   }
-  const Acc row_max = *std::max_element(probs.begin(), probs.end());
-  Acc sum = 0;
+  RowSoftmax<Acc> softmax{*std::max_element(probs.begin(), probs.end())};
   for (Acc& x : probs) {
-    x = std::exp(x - row_max);
-    sum += x;
+    x = std::exp(x - softmax.max);
+    softmax.sum += x;
   }
   for (int j = 0; j < keys; ++j) {
-    const Acc weight = round(probs[j] / sum);
-    const float* v_row = p.v + offset(b, j, kv_head, s.seqlen_k, s.heads_k, s.headdim);
-    for (int x = 0; x < s.headdim; ++x) {
+    const Acc weight = round(probs[j] / softmax.sum);
+    const float* v_row = p.v + p.kv_offset(b, j, p.kv_head(h));
+    for (int x = 0; x < p.shape.headdim; ++x) {
       out_row[x] += weight * static_cast<Acc>(v_row[x]);
     }
   }
-  for (int x = 0; x < s.headdim; ++x) {
+  for (int x = 0; x < p.shape.headdim; ++x) {
     out_row[x] = round(out_row[x]);
   }
-  return row_max + std::log(sum);
+  return softmax;
+}
+
+// The backward in Acc arithmetic, rounded as attend_row is, plus dP and dS
+// stored in the plain dtype, and dq, dk, dv at the end. Two passes that
+// each write rows of their own: per query row (the forward again, for its
+// softmax and D = dout . out; then dq), and per key row of each kv head (dk
+// and dv, summed over the query rows that see the key in every query head
+// of the group).
+template <class Grads, class Acc, class Round>
+Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, const Round& round) {
+  const Shape& s = p.shape;
+  const int d = s.headdim;
+  Grads g{std::vector<Acc>(s.q_size()), std::vector<Acc>(s.kv_size()),
+          std::vector<Acc>(s.kv_size())};
+  std::vector<RowSoftmax<Acc>> softmax(s.lse_size());
+  std::vector<Acc> delta(s.lse_size());
+  const auto row = [&s](int b, int h, int i) {
+    return (static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i;
+  };
+  // P_ij and scale * dS_ij = scale * P_ij (dP_ij - D_i), dP_ij = dout_i . v_j.
+  const auto p_and_ds = [&](int b, int h, int i, int j) {
+    const RowSoftmax<Acc>& sm = softmax[row(b, h, i)];
+    const Acc prob = round(std::exp(score(p, b, h, i, j, scale, round) - sm.max) / sm.sum);
+    const float* v_row = p.v + p.kv_offset(b, j, p.kv_head(h));
+    const Acc dp = round(dot<Acc>(&dout[p.q_offset(b, i, h)], v_row, d));
+    return std::pair<Acc, Acc>{prob, round(scale * prob * (dp - delta[row(b, h, i)]))};
+  };
+  for_each_row(s.batch, s.heads_q, s.seqlen_q, [&](int b, int h, int i) {
+    std::vector<Acc> out(d);
+    softmax[row(b, h, i)] = attend_row<Acc>(p, b, h, i, scale, round, out.data());
+    const float* dout_row = &dout[p.q_offset(b, i, h)];
+    Acc& row_delta = delta[row(b, h, i)];
+    for (int x = 0; x < d; ++x) {
+      row_delta += static_cast<Acc>(dout_row[x]) * out[x];
+    }
+    Acc* dq = &g.dq[p.q_offset(b, i, h)];
+    for (int j = 0; j < visible_keys(s, p.causal, i); ++j) {
+      const Acc ds = p_and_ds(b, h, i, j).second;
+      const float* k_row = p.k + p.kv_offset(b, j, p.kv_head(h));
+      for (int x = 0; x < d; ++x) {
+        dq[x] += ds * static_cast<Acc>(k_row[x]);
+      }
+    }
+    for (int x = 0; x < d; ++x) {
+      dq[x] = round(dq[x]);
+    }
+  });
+  const int group = s.heads_q / s.heads_k;
+  for_each_row(s.batch, s.heads_k, s.seqlen_k, [&](int b, int kv, int j) {
+    Acc* dk = &g.dk[p.kv_offset(b, j, kv)];
+    Acc* dv = &g.dv[p.kv_offset(b, j, kv)];
+    for (int h = kv * group; h < (kv + 1) * group; ++h) {
+      for (int i = 0; i < s.seqlen_q; ++i) {
+        if (j >= visible_keys(s, p.causal, i)) {
+          continue;
+        }
+        const auto [prob, ds] = p_and_ds(b, h, i, j);
+        const float* q_row = p.q + p.q_offset(b, i, h);
+        const float* dout_row = &dout[p.q_offset(b, i, h)];
+        for (int x = 0; x < d; ++x) {
+          dv[x] += prob * static_cast<Acc>(dout_row[x]);
+          dk[x] += ds * static_cast<Acc>(q_row[x]);
+        }
+      }
+    }
+    for (int x = 0; x < d; ++x) {
+      dk[x] = round(dk[x]);
+      dv[x] = round(dv[x]);
+    }
+  });
+  return g;
 }
 
 std::string format_error_stats(const ErrorStats& e) {
@@ -141,6 +246,20 @@ std::string format_error_stats(const ErrorStats& e) {
     os << ", " << e.non_finite << " values not finite";
   }
   return os.str();
+}
+
+// The tolerance rule for tensor `name`: max|kernel - ref64| <= kErrorFactor
+// * max|plain - ref64| + atol, every value finite.
+Verdict check_against_plain(const char* name, double atol, const std::vector<float>& kernel,
+                            const std::vector<float>& plain, const std::vector<double>& ref) {
+  const ErrorStats k = error_stats(kernel, ref);
+  const ErrorStats p = error_stats(plain, ref);
+  const double bound = kErrorFactor * p.max_abs + atol;
+  std::ostringstream os;
+  os << name << ": |kernel - ref64| " << format_error_stats(k) << " (kernel " << kernel[k.worst]
+     << ", ref64 " << ref[k.worst] << "); |plain - ref64| " << format_error_stats(p) << "; bound "
+     << kErrorFactor << " * " << p.max_abs << " + " << atol << " = " << bound;
+  return Verdict{k.non_finite == 0 && p.non_finite == 0 && k.max_abs <= bound, os.str()};
 }
 
 // How far a kernel LSE lies beyond its tolerance (> 0: fails). A fully
@@ -175,11 +294,10 @@ Reference attention_forward(const Shape& shape, const std::vector<float>& q,
   check_sizes(shape, q, k, v);
   Reference r{std::vector<double>(shape.q_size()), std::vector<double>(shape.lse_size())};
   const Problem p{shape, q.data(), k.data(), v.data(), causal};
-  const auto exact = [](double x) { return x; };
-  for_each_row(shape, [&](int b, int h, int i) {
-    double* out_row = &r.out[offset(b, i, h, shape.seqlen_q, shape.heads_q, shape.headdim)];
+  for_each_row(shape.batch, shape.heads_q, shape.seqlen_q, [&](int b, int h, int i) {
     const size_t lse_row = (static_cast<size_t>(b) * shape.heads_q + h) * shape.seqlen_q + i;
-    r.lse[lse_row] = attend_row<double>(p, b, h, i, softmax_scale, exact, out_row);
+    r.lse[lse_row] =
+        attend_row<double>(p, b, h, i, softmax_scale, exact, &r.out[p.q_offset(b, i, h)]).lse();
   });
   return r;
 }
@@ -192,11 +310,28 @@ std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
   std::vector<float> out(shape.q_size());
   const Problem p{shape, q.data(), k.data(), v.data(), causal};
   const auto to_type = [type](float x) { return round_to(type, x); };
-  for_each_row(shape, [&](int b, int h, int i) {
-    float* out_row = &out[offset(b, i, h, shape.seqlen_q, shape.heads_q, shape.headdim)];
-    attend_row<float>(p, b, h, i, softmax_scale, to_type, out_row);
+  for_each_row(shape.batch, shape.heads_q, shape.seqlen_q, [&](int b, int h, int i) {
+    attend_row<float>(p, b, h, i, softmax_scale, to_type, &out[p.q_offset(b, i, h)]);
   });
   return out;
+}
+
+Gradients attention_backward(const Shape& shape, const std::vector<float>& q,
+                             const std::vector<float>& k, const std::vector<float>& v,
+                             const std::vector<float>& dout, double softmax_scale, bool causal) {
+  check_sizes(shape, q, k, v, dout);
+  const Problem p{shape, q.data(), k.data(), v.data(), causal};
+  return backward<Gradients>(p, dout, softmax_scale, exact);
+}
+
+PlainGradients attention_backward_plain(HalfType type, const Shape& shape,
+                                        const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, const std::vector<float>& dout,
+                                        float softmax_scale, bool causal) {
+  check_sizes(shape, q, k, v, dout);
+  const Problem p{shape, q.data(), k.data(), v.data(), causal};
+  const auto to_type = [type](float x) { return round_to(type, x); };
+  return backward<PlainGradients>(p, dout, softmax_scale, to_type);
 }
 
 ErrorStats error_stats(const std::vector<float>& got, const std::vector<double>& want) {
@@ -229,14 +364,12 @@ ErrorStats error_stats(const std::vector<float>& got, const std::vector<double>&
 
 Verdict check_output(const std::vector<float>& kernel, const std::vector<float>& plain,
                      const std::vector<double>& ref) {
-  const ErrorStats k = error_stats(kernel, ref);
-  const ErrorStats p = error_stats(plain, ref);
-  const double bound = kErrorFactor * p.max_abs + kOutAtol;
-  std::ostringstream os;
-  os << "out: |kernel - ref64| " << format_error_stats(k) << " (kernel " << kernel[k.worst]
-     << ", ref64 " << ref[k.worst] << "); |plain - ref64| " << format_error_stats(p) << "; bound "
-     << kErrorFactor << " * " << p.max_abs << " + " << kOutAtol << " = " << bound;
-  return Verdict{k.non_finite == 0 && p.non_finite == 0 && k.max_abs <= bound, os.str()};
+  return check_against_plain("out", kOutAtol, kernel, plain, ref);
+}
+
+Verdict check_gradient(const char* name, const std::vector<float>& kernel,
+                       const std::vector<float>& plain, const std::vector<double>& ref) {
+  return check_against_plain(name, kGradAtol, kernel, plain, ref);
 }
 
 Verdict check_lse(const std::vector<float>& kernel, const std::vector<double>& ref) {

@@ -1,10 +1,13 @@
-// CPU attention forward for testing the kernels:
-//  - attention_forward: float64 reference with log-sum-exp;
-//  - attention_forward_plain: a plain fp16/bf16 implementation, unfused, as
-//    PyTorch runs one (it sets the error the kernels are allowed, see below);
-//  - check_output / check_lse: ARCHITECTURE.md's tolerance rule.
-// Tensors are contiguous: q, k, v, out (batch, seqlen, heads, headdim); lse
-// (batch, heads_q, seqlen_q). Work is spread over all hardware threads.
+// CPU attention forward and backward for testing the kernels:
+//  - attention_forward / attention_backward: float64 references (the forward
+//    with log-sum-exp);
+//  - attention_forward_plain / attention_backward_plain: a plain fp16/bf16
+//    implementation, unfused, as PyTorch runs one (it sets the error the
+//    kernels are allowed, see below);
+//  - check_output / check_lse / check_gradient: ARCHITECTURE.md's tolerance rule.
+// Tensors are contiguous: q, k, v, out, dout and the gradients (batch,
+// seqlen, heads, headdim); lse (batch, heads_q, seqlen_q). Work is spread
+// over all hardware threads.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +56,34 @@ std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
                                            const std::vector<float>& v, float softmax_scale,
                                            bool causal);
 
+// Gradients of out = softmax(scale * q k^T [causal]) v, given dout (shaped
+// like out), in float64: with P the softmax and D_i = dout_i . out_i,
+// dv = P^T dout, dS = P * (dout v^T - D), dq = scale * dS k,
+// dk = scale * dS^T q. A kv head's dk and dv sum over the query heads that
+// read it. Rows that see no key get zero dq and give nothing to dk, dv.
+struct Gradients {
+  std::vector<double> dq, dk, dv;
+};
+
+Gradients attention_backward(const Shape& shape, const std::vector<float>& q,
+                             const std::vector<float>& k, const std::vector<float>& v,
+                             const std::vector<float>& dout, double softmax_scale, bool causal);
+
+// The same as autograd through attention_forward_plain would give it in
+// `type`: P and out recomputed as there; dv = P^T dout and dP = dout v^T
+// accumulated in fp32 and rounded to `type`; dS = scale * P * (dP - D) in
+// fp32 (D = dout . out, from the rounded out) and rounded; dq = dS k and
+// dk = dS^T q accumulated in fp32 (dk, dv over the whole group of query
+// heads) and rounded.
+struct PlainGradients {
+  std::vector<float> dq, dk, dv;
+};
+
+PlainGradients attention_backward_plain(HalfType type, const Shape& shape,
+                                        const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, const std::vector<float>& dout,
+                                        float softmax_scale, bool causal);
+
 struct ErrorStats {
   double max_abs = 0.0;   // +inf when any value is not finite
   double mean_abs = 0.0;  // over the finite values
@@ -67,6 +98,14 @@ ErrorStats error_stats(const std::vector<float>& got, const std::vector<double>&
 // + kOutAtol, every kernel value finite.
 inline constexpr double kErrorFactor = 2.0;
 inline constexpr double kOutAtol = 1e-5;
+// Gradients, unlike out, are not bounded by |v|: of N(0, 1) inputs they are
+// about 0.4 to 7 at 64-1024 rows (larger causal, where early keys collect
+// many rows). fp32 accumulation of such sums (the kernels' dq across key
+// blocks, dk and dv across a GQA group) errs by ~1e-5, ten times less than
+// kGradAtol; a plain implementation errs by 4e-4 (fp16) to 3e-2 (bf16)
+// there, so the atol only counts where the plain result is exact (e.g.
+// all-zero dout).
+inline constexpr double kGradAtol = 1e-4;
 // LSE: the kernels keep scores and row sums in fp32 (error ~1e-6), so a row
 // passes within kLseAtol + kLseRtol * |lse|; a fully masked row must be +inf.
 // A plain fp16/bf16 implementation has no LSE to compare with.
@@ -80,6 +119,10 @@ struct Verdict {
 
 Verdict check_output(const std::vector<float>& kernel, const std::vector<float>& plain,
                      const std::vector<double>& ref);
+// The rule of check_output for one gradient tensor, `name` (dq, dk or dv),
+// with kGradAtol for kOutAtol.
+Verdict check_gradient(const char* name, const std::vector<float>& kernel,
+                       const std::vector<float>& plain, const std::vector<double>& ref);
 Verdict check_lse(const std::vector<float>& kernel, const std::vector<double>& ref);
 
 }  // namespace flash3::ref

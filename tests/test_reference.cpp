@@ -1,7 +1,9 @@
 // The float64 reference and the plain fp16/bf16 emulation, on their own.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -222,6 +224,164 @@ TEST(PlainEmulation, ErrorIsThatOfItsDtype) {
   EXPECT_GT(max_error[0], 0.0);
   EXPECT_LT(max_error[0], max_error[1]);
   EXPECT_LT(max_error[1], 2e-2);
+}
+
+// sum(out * dout): the loss whose gradients attention_backward gives.
+double loss(const Shape& s, const Inputs& in, const std::vector<float>& dout, double scale,
+            bool causal) {
+  const Reference r = run(s, in, scale, causal);
+  double sum = 0;
+  for (size_t i = 0; i < dout.size(); ++i) {
+    sum += r.out[i] * dout[i];
+  }
+  return sum;
+}
+
+// Every gradient element against central differences of the loss. The step
+// 2^-12 is exact in float on these bf16 inputs (|x| < 2^11), and the
+// difference's error (step^2 / 6 times a third derivative) is ~1e-8.
+TEST(ReferenceBackward, MatchesFiniteDifferences) {
+  constexpr float kStep = 1.0f / 4096;
+  constexpr double kRelTol = 1e-6;
+  struct Case {
+    const char* name;
+    Shape shape;
+    bool causal;
+    double scale;
+  };
+  const Case cases[] = {
+      {"plain", {1, 4, 5, 2, 2, 4}, false, 0.5},
+      {"causal, fewer queries", {1, 3, 6, 2, 2, 4}, true, 0.5},
+      {"causal, fewer keys", {1, 6, 3, 2, 2, 4}, true, 0.5},
+      {"gqa", {1, 4, 5, 4, 2, 4}, true, 0.5},
+      {"mqa", {1, 4, 5, 3, 1, 4}, false, 0.5},
+      {"batch 2", {2, 3, 4, 2, 1, 4}, true, 0.5},
+      {"scale 1.3", {1, 4, 5, 2, 1, 4}, false, 1.3},
+  };
+  unsigned seed = 61;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Shape& s = c.shape;
+    Inputs in = random_inputs(s, seed);
+    const std::vector<float> dout = random_values(s.q_size(), seed + 3);
+    seed += 10;
+    const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, c.scale, c.causal);
+    const struct {
+      const char* name;
+      std::vector<float>& x;
+      const std::vector<double>& grad;
+    } tensors[] = {{"dq", in.q, g.dq}, {"dk", in.k, g.dk}, {"dv", in.v, g.dv}};
+    for (const auto& t : tensors) {
+      ASSERT_EQ(t.grad.size(), t.x.size());
+      for (size_t i = 0; i < t.x.size(); ++i) {
+        const float x = t.x[i];
+        t.x[i] = x + kStep;
+        const double up = loss(s, in, dout, c.scale, c.causal);
+        t.x[i] = x - kStep;
+        const double down = loss(s, in, dout, c.scale, c.causal);
+        t.x[i] = x;
+        const double slope = (up - down) / (2 * kStep);
+        ASSERT_NEAR(t.grad[i], slope, kRelTol * std::max(1.0, std::fabs(slope)))
+            << t.name << " element " << i;
+      }
+    }
+  }
+}
+
+// (A row that sees one key has P = 1 and dS = 0, so zero dq as well; finite
+// differences check the rest.)
+TEST(ReferenceBackward, RowsThatSeeNoKeyGetZeroDq) {
+  const Shape s{2, 7, 3, 2, 1, 4};
+  const Inputs in = random_inputs(s, 71);
+  const std::vector<float> dout = random_values(s.q_size(), 74);
+  const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, 0.5, true);
+  const PlainGradients plain =
+      attention_backward_plain(HalfType::kBFloat16, s, in.q, in.k, in.v, dout, 0.5f, true);
+  const int row_size = s.heads_q * s.headdim;
+  for (int b = 0; b < s.batch; ++b) {
+    for (int i = 0; i < s.seqlen_q; ++i) {
+      if (visible_keys(s, true, i) != 0) {
+        continue;
+      }
+      const size_t row = (static_cast<size_t>(b) * s.seqlen_q + i) * row_size;
+      for (int x = 0; x < row_size; ++x) {
+        EXPECT_EQ(g.dq[row + x], 0.0);
+        EXPECT_EQ(plain.dq[row + x], 0.0f);
+      }
+    }
+  }
+}
+
+// The plain emulation's gradients: values of its dtype, near the float64
+// ones (relative to the largest gradient: bf16 within 1.5e-2, fp16 within
+// 2e-3, measured 4e-3 to 9e-3 and 7e-4 to 1e-3) and not equal to them.
+TEST(PlainBackward, ErrorIsThatOfItsDtype) {
+  const Shape s{2, 48, 80, 4, 2, 64};
+  const Inputs in = random_inputs(s, 81);
+  const std::vector<float> dout = random_values(s.q_size(), 84);
+  const float scale = 0.125f;
+  const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, scale, true);
+  const HalfType types[2] = {HalfType::kFloat16, HalfType::kBFloat16};
+  const double max_error[2] = {2e-3, 1.5e-2};
+  double error[2][3] = {};
+  for (int t = 0; t < 2; ++t) {
+    const PlainGradients plain =
+        attention_backward_plain(types[t], s, in.q, in.k, in.v, dout, scale, true);
+    const std::vector<float>* got[3] = {&plain.dq, &plain.dk, &plain.dv};
+    const std::vector<double>* want[3] = {&g.dq, &g.dk, &g.dv};
+    for (int n = 0; n < 3; ++n) {
+      SCOPED_TRACE(::testing::Message() << "type " << t << ", tensor " << n);
+      double largest = 0;
+      for (const double x : *want[n]) {
+        largest = std::max(largest, std::fabs(x));
+      }
+      for (const float x : *got[n]) {
+        ASSERT_EQ(round_to(types[t], x), x);
+      }
+      error[t][n] = error_stats(*got[n], *want[n]).max_abs / largest;
+      EXPECT_GT(error[t][n], 0.0);
+      EXPECT_LT(error[t][n], max_error[t]);
+    }
+  }
+  for (int n = 0; n < 3; ++n) {
+    EXPECT_LT(error[0][n], error[1][n]) << "tensor " << n;
+  }
+}
+
+TEST(BackwardTolerance, PlainPassesAndAFarElementFailsNamingTheTensor) {
+  const Shape s{1, 9, 12, 2, 1, 8};
+  const Inputs in = random_inputs(s, 91);
+  const std::vector<float> dout = random_values(s.q_size(), 94);
+  const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, 0.25, true);
+  const PlainGradients plain =
+      attention_backward_plain(HalfType::kBFloat16, s, in.q, in.k, in.v, dout, 0.25f, true);
+  const struct {
+    const char* name;
+    const std::vector<float>& plain;
+    const std::vector<double>& ref;
+  } tensors[] = {{"dq", plain.dq, g.dq}, {"dk", plain.dk, g.dk}, {"dv", plain.dv, g.dv}};
+  for (const auto& t : tensors) {
+    SCOPED_TRACE(t.name);
+    const Verdict pass = check_gradient(t.name, t.plain, t.plain, t.ref);
+    EXPECT_TRUE(pass.ok) << pass.message;
+    const double bound = kErrorFactor * error_stats(t.plain, t.ref).max_abs + kGradAtol;
+    std::vector<float> kernel = t.plain;
+    const size_t far = kernel.size() / 2;
+    kernel[far] = static_cast<float>(t.ref[far] + 10 * bound);
+    const Verdict fail = check_gradient(t.name, kernel, t.plain, t.ref);
+    EXPECT_FALSE(fail.ok) << fail.message;
+    EXPECT_EQ(fail.message.rfind(std::string(t.name) + ": ", 0), 0u) << fail.message;
+    EXPECT_NE(fail.message.find("at element " + std::to_string(far)), std::string::npos)
+        << fail.message;
+    kernel[far] = NAN;
+    EXPECT_FALSE(check_gradient(t.name, kernel, t.plain, t.ref).ok);
+  }
+}
+
+TEST(BackwardTolerance, ExactPlainLeavesOnlyTheGradAtol) {
+  const std::vector<double> ref = {0.5};
+  EXPECT_TRUE(check_gradient("dv", {0.5f + 5e-5f}, {0.5f}, ref).ok);
+  EXPECT_FALSE(check_gradient("dv", {0.5f + 2e-4f}, {0.5f}, ref).ok);
 }
 
 TEST(ErrorStats, CountsNonFiniteAndFindsTheWorst) {

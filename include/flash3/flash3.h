@@ -12,6 +12,7 @@
 #ifndef FLASH3_FLASH3_H_
 #define FLASH3_FLASH3_H_
 
+#include <stddef.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 
@@ -67,6 +68,37 @@ typedef struct flash3_forward_args {
 
 /* Exact attention forward, enqueued on `stream`. */
 flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t stream);
+
+typedef struct flash3_backward_args {
+  flash3_tensor dout; /* gradient of out: shaped and typed like out */
+  flash3_tensor q;    /* the forward's inputs and output */
+  flash3_tensor k;
+  flash3_tensor v;
+  flash3_tensor out;
+  /* Required: the forward's log-sum-exp, float32, contiguous (batch, heads_q, seqlen_q). */
+  const float* softmax_lse;
+  flash3_tensor dq; /* shaped and typed like q, k, v; must not overlap each other or an input */
+  flash3_tensor dk;
+  flash3_tensor dv;
+  /* Device scratch of at least flash3_backward_workspace_size() bytes, 256-byte
+   * aligned, whose first flash3_backward_workspace_size() bytes do not overlap a
+   * tensor or softmax_lse; or NULL for flash3's own per-stream buffer (not while
+   * the stream is captured into a CUDA graph). */
+  void* workspace;
+  size_t workspace_bytes; /* the size of workspace; ignored when it is NULL */
+  float softmax_scale; /* as in the forward: 0 means 1/sqrt(headdim) */
+  int causal;          /* as in the forward */
+  int deterministic;   /* nonzero: dq, dk, dv bitwise identical from run to run */
+} flash3_backward_args;
+
+/* Gradients dq, dk, dv of flash3_forward, enqueued on `stream`. GQA: dk and dv
+ * are summed over the query heads that share a K/V head. */
+flash3_status flash3_backward(const flash3_backward_args* args, cudaStream_t stream);
+
+/* The workspace flash3_backward needs, in *bytes, for the shapes of args->q and
+ * args->k and for args->deterministic (the other fields are ignored). Host only:
+ * needs no GPU. */
+flash3_status flash3_backward_workspace_size(const flash3_backward_args* args, size_t* bytes);
 
 typedef struct flash3_quantize_args {
   flash3_tensor x;     /* (batch, seqlen, heads, headdim 64, 128 or 256), float16 or bfloat16 */

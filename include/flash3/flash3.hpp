@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -75,6 +76,42 @@ struct ForwardOptions {
 Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                float* softmax_lse, const ForwardOptions& options = {},
                cudaStream_t stream = nullptr);
+
+struct BackwardOptions {
+  // As the forward that produced out and softmax_lse.
+  bool causal = false;
+  float softmax_scale = 0.0f;  // 0 means 1/sqrt(headdim)
+  // dq, dk and dv bitwise identical from run to run: the fp32 accumulations
+  // across key blocks (dQ) and, for GQA, across query heads (dK, dV) run in
+  // a fixed order. Off: the same sums in whatever order the CTAs finish.
+  bool deterministic = false;
+  // Device scratch of at least backward_workspace_size() bytes, 256-byte
+  // aligned, owned by the caller until the call's kernels are done (stream
+  // order); its first backward_workspace_size() bytes must not overlap a
+  // tensor or softmax_lse. nullptr: flash3 uses a buffer it keeps per
+  // (device, stream), which is not allowed while the stream is captured into
+  // a CUDA graph.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;  // the size of workspace; ignored when it is nullptr
+};
+
+// Gradients of forward(): given dout (shaped like out) and the forward's q,
+// k, v, out and softmax_lse (required here), writes dq, dk and dv (shaped
+// and typed like q, k and v; any strides Tensor allows; they must not
+// overlap each other or an input). GQA: dk and dv are summed over the query
+// heads that share a K/V head. Rows that see no key get zero gradients.
+Status backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                const Tensor& out, const float* softmax_lse, const Tensor& dq, const Tensor& dk,
+                const Tensor& dv, const BackwardOptions& options = {},
+                cudaStream_t stream = nullptr);
+
+// The workspace backward() needs for q and k of these shapes, in *bytes (q
+// and k validated as backward() validates them; of the options only
+// deterministic counts). Pure host code: needs no GPU. An fp32 dQ
+// accumulator, two fp32 row statistics, fp32 dK/dV accumulators with GQA,
+// and semaphores when deterministic: O(seqlen * headdim), never O(seqlen^2).
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
+                               size_t* bytes);
 
 struct QuantizeOptions {
   // Sequence rows of one (batch, head) that share a scale, 1 to 2^20; the

@@ -47,6 +47,27 @@ class ForwardArgs(ctypes.Structure):
     ]
 
 
+class BackwardArgs(ctypes.Structure):
+    """flash3_backward_args."""
+
+    _fields_ = [
+        ("dout", Tensor),
+        ("q", Tensor),
+        ("k", Tensor),
+        ("v", Tensor),
+        ("out", Tensor),
+        ("softmax_lse", ctypes.POINTER(ctypes.c_float)),
+        ("dq", Tensor),
+        ("dk", Tensor),
+        ("dv", Tensor),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("deterministic", ctypes.c_int),
+    ]
+
+
 class Fp8V(ctypes.Structure):
     """flash3_fp8_v: e4m3 V in the FP8 forward's layout (flash3.h)."""
 
@@ -106,6 +127,7 @@ FP8_V_KEY_GROUP = 16  # FLASH3_FP8_V_KEY_GROUP
 # The calls that take (const args*, cudaStream_t) and return flash3_status.
 _CALLS = {
     "flash3_forward": ForwardArgs,
+    "flash3_backward": BackwardArgs,
     "flash3_forward_fp8": ForwardFp8Args,
     "flash3_quantize_fp8": QuantizeArgs,
     "flash3_fp8_v_layout": Fp8VLayoutArgs,
@@ -138,6 +160,11 @@ def library():
     for name, args_type in _CALLS.items():
         getattr(lib, name).argtypes = [ctypes.POINTER(args_type), ctypes.c_void_p]
         getattr(lib, name).restype = ctypes.c_int
+    lib.flash3_backward_workspace_size.argtypes = [
+        ctypes.POINTER(BackwardArgs),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    lib.flash3_backward_workspace_size.restype = ctypes.c_int
     for name in ("flash3_last_error", "flash3_version"):
         getattr(lib, name).argtypes = []
         getattr(lib, name).restype = ctypes.c_char_p
@@ -153,16 +180,33 @@ def version():
 _ERRORS = {ERROR_INVALID_ARGUMENT: ValueError, ERROR_UNSUPPORTED: NotImplementedError}
 
 
-def _call(name, args, stream):
-    """flash3_<call>(&args, stream); raises with flash3_last_error() unless FLASH3_OK."""
-    lib = library()
-    status = getattr(lib, name)(ctypes.byref(args), ctypes.c_void_p(stream))
+def _check(lib, status):
+    """Raises with flash3_last_error() unless status is FLASH3_OK."""
     if status != OK:
         raise _ERRORS.get(status, RuntimeError)(lib.flash3_last_error().decode())
 
 
+def _call(name, args, stream):
+    """flash3_<call>(&args, stream); raises with flash3_last_error() unless FLASH3_OK."""
+    lib = library()
+    _check(lib, getattr(lib, name)(ctypes.byref(args), ctypes.c_void_p(stream)))
+
+
 def forward(args, stream):
     _call("flash3_forward", args, stream)
+
+
+def backward(args, stream):
+    _call("flash3_backward", args, stream)
+
+
+def backward_workspace_size(args):
+    """flash3_backward_workspace_size: the bytes of device scratch flash3_backward needs
+    for args' shapes and args.deterministic (args.workspace ignored). Needs no GPU."""
+    lib = library()
+    size = ctypes.c_size_t(0)
+    _check(lib, lib.flash3_backward_workspace_size(ctypes.byref(args), ctypes.byref(size)))
+    return size.value
 
 
 def forward_fp8(args, stream):

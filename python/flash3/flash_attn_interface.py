@@ -8,6 +8,11 @@ other than float16/bfloat16, ...) is judged by the library, whose message is rai
     anything else                 -> RuntimeError
 Arguments that flash3 does not implement yet raise NotImplementedError naming them.
 
+Backward: flash_attn_func is differentiable for float16/bfloat16 inputs (flash3_backward,
+on the current stream, with its workspace from PyTorch's allocator: CUDA-graph safe);
+deterministic=True makes dq, dk and dv bitwise identical from run to run. The FP8 path
+has no backward yet (NotImplementedError).
+
 FP8: flash_attn_func takes torch.float8_e4m3fn q, k, v with q_descale, k_descale and
 v_descale of shape (batch, heads_k), as FlashAttention-3 does, and returns bfloat16;
 flash_attn_fp8_func quantizes bfloat16/float16 inputs itself (block scales, randomized
@@ -32,8 +37,9 @@ _DTYPES = {
 }
 
 # FlashAttention-3 arguments flash3 accepts only at these values. pack_gqa and
-# deterministic are accepted at any value: the first is a speed hint and the second
-# concerns the backward, and neither changes the forward's result.
+# deterministic are accepted at any value: the first is a speed hint (ignored); the
+# second is passed to the backward (bitwise reproducible gradients) and does not change
+# the forward's result.
 _SUPPORTED = {
     "qv": lambda x: x is None,
     "window_size": lambda x: tuple(x) in ((-1, -1), (None, None)),
@@ -87,6 +93,58 @@ def _forward(q, k, v, softmax_scale, causal, out=None, softmax_lse=None):
 
 def _c_float_ptr(t):
     return ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_float))
+
+
+# flash3 reads every tensor through 16-byte accesses (TMA): stride 1 in the last
+# dimension, the others positive multiples of 16 bytes, data 16-byte aligned.
+_ALIGNMENT = 16
+
+
+def _tma_compatible(t):
+    element = t.element_size()
+    if t.stride(-1) != 1 or t.data_ptr() % _ALIGNMENT != 0:
+        return False
+    return all(size == 1 or (stride > 0 and stride * element % _ALIGNMENT == 0)
+               for size, stride in zip(t.shape[:-1], t.stride()[:-1]))
+
+
+def _backward(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic,
+              dq=None, dk=None, dv=None):
+    """One flash3_backward call on q's device and current stream; returns (dq, dk, dv).
+
+    dq, dk, dv (like q, k, v) are allocated unless given; tests pass poisoned ones to see
+    that every element is written. The workspace comes from PyTorch's allocator on the
+    current stream, so the call is stream-ordered and may be captured into a CUDA graph.
+    """
+    if not _tma_compatible(dout):
+        # Autograd's gradients may be views flash3 cannot read (an expanded scalar for
+        # out.sum(), a slice): a dense copy has the layout it wants.
+        dout = dout.contiguous()
+    if dq is None:
+        dq = torch.empty_like(q)  # q's strides if dense, else contiguous: last stride 1
+    if dk is None:
+        dk = torch.empty_like(k)
+    if dv is None:
+        dv = torch.empty_like(v)
+    args = _lib.BackwardArgs(
+        _describe("dout", dout, q),
+        *[_describe(name, t, q) for name, t in (("q", q), ("k", k), ("v", v), ("out", out))],
+        _c_float_ptr(softmax_lse),
+        *[_describe(name, t, q) for name, t in (("dq", dq), ("dk", dk), ("dv", dv))],
+        None,
+        0,
+        0.0 if softmax_scale is None else softmax_scale,
+        int(bool(causal)),
+        int(bool(deterministic)),
+    )
+    workspace_bytes = _lib.backward_workspace_size(args)
+    # The caching allocator's blocks are 512-byte aligned (flash3 needs 256).
+    workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device)
+    args.workspace = workspace.data_ptr()
+    args.workspace_bytes = workspace_bytes
+    _on_current_stream(_lib.backward, args, q.device)
+    del workspace  # the stream-ordered allocator keeps it alive until the kernels are done
+    return dq, dk, dv
 
 
 def _fp8_v_layout(v, q):
@@ -152,17 +210,27 @@ def _head_descales(q, k, q_descale, k_descale, v_descale):
 
 class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, softmax_scale, causal, descales=None):
-        if q.dtype == torch.float8_e4m3fn:
+    def forward(ctx, q, k, v, softmax_scale, causal, descales=None, deterministic=False):
+        ctx.fp8 = q.dtype == torch.float8_e4m3fn
+        if ctx.fp8:
             out, softmax_lse = _forward_fp8(q, k, v, descales, softmax_scale, causal, torch.bfloat16)
         else:
             out, softmax_lse = _forward(q, k, v, softmax_scale, causal)
+            ctx.save_for_backward(q, k, v, out, softmax_lse)
+        ctx.softmax_scale = softmax_scale
+        ctx.causal = causal
+        ctx.deterministic = deterministic
         ctx.mark_non_differentiable(softmax_lse)
         return out, softmax_lse
 
     @staticmethod
     def backward(ctx, dout, dsoftmax_lse):
-        raise NotImplementedError("flash3: backward is not implemented yet")
+        if ctx.fp8:
+            raise NotImplementedError("flash3: the FP8 path has no backward yet")
+        q, k, v, out, softmax_lse = ctx.saved_tensors
+        dq, dk, dv = _backward(dout, q, k, v, out, softmax_lse, ctx.softmax_scale, ctx.causal,
+                               ctx.deterministic)
+        return dq, dk, dv, None, None, None, None
 
 
 def flash_attn_func(
@@ -198,7 +266,12 @@ def flash_attn_func(
 
     Returns out (like q), or (out, softmax_lse) when return_attn_probs: the natural-log
     log-sum-exp of each row of scores, float32 (batch, heads, seqlen_q), +inf for rows
-    that see no key (their output is zero). Backward raises NotImplementedError.
+    that see no key (their output is zero).
+
+    Differentiable for float16/bfloat16: the backward (flash3_backward) gives dq, dk, dv
+    shaped and typed like q, k, v (GQA: dk, dv summed over the query heads of each kv
+    head; rows that see no key contribute nothing). deterministic=True makes them bitwise
+    identical from run to run. The FP8 path's backward raises NotImplementedError.
     """
     given = locals()
     for name, supported in _SUPPORTED.items():
@@ -211,7 +284,7 @@ def flash_attn_func(
         descales = _head_descales(q, k, q_descale, k_descale, v_descale)
     elif any(t is not None for t in (q_descale, k_descale, v_descale)):
         raise ValueError("flash3: q_descale, k_descale and v_descale are for float8_e4m3fn inputs only")
-    out, softmax_lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, descales)
+    out, softmax_lse = _FlashAttnFunc.apply(q, k, v, softmax_scale, causal, descales, deterministic)
     return (out, softmax_lse) if return_attn_probs else out
 
 

@@ -16,6 +16,7 @@ INCLUDE_DIR = Path(__file__).resolve().parents[2] / "include"
 STRUCTS = (
     (_lib.Tensor, "flash3_tensor"),
     (_lib.ForwardArgs, "flash3_forward_args"),
+    (_lib.BackwardArgs, "flash3_backward_args"),
     (_lib.Fp8V, "flash3_fp8_v"),
     (_lib.Fp8Descale, "flash3_fp8_descale"),
     (_lib.ForwardFp8Args, "flash3_forward_fp8_args"),
@@ -120,3 +121,118 @@ def test_library_names_the_bad_field(lib, field, value, error, message):
     setattr(target, last, value)
     with pytest.raises(error, match=message):
         _lib.forward(args, 0)
+
+
+# ---------------------------------------------------------------- backward
+
+Q_SHAPE, K_SHAPE = (2, 256, 8, 128), (2, 512, 2, 128)  # GQA
+
+
+def _tensor(slot, shape, dtype=_lib.DTYPE_BFLOAT16):
+    """A contiguous flash3_tensor at a fake address, 4 GiB from the next slot's."""
+    stride = (shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1)
+    return _lib.Tensor(slot << 32, dtype, shape, stride)
+
+
+def _valid_backward_args(k_shape=K_SHAPE, seqlen_q=Q_SHAPE[1]):
+    """A backward that passes validation; the fake pointers fail only at the device check."""
+    q_shape = (Q_SHAPE[0], seqlen_q, *Q_SHAPE[2:])
+    return _lib.BackwardArgs(
+        _tensor(1, q_shape),  # dout
+        _tensor(2, q_shape),  # q
+        _tensor(3, k_shape),  # k
+        _tensor(4, k_shape),  # v
+        _tensor(5, q_shape),  # out
+        ctypes.cast(6 << 32, ctypes.POINTER(ctypes.c_float)),  # softmax_lse
+        _tensor(7, q_shape),  # dq
+        _tensor(8, k_shape),  # dk
+        _tensor(9, k_shape),  # dv
+        None,  # workspace: flash3's own
+        0,
+        0.0,
+        1,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value, error, message",
+    [
+        ("dout.data", None, ValueError, r"flash3::backward: dout\.data is null"),
+        ("dk.shape", (2, 512, 2, 64), ValueError,
+         r"dk\.shape \(2, 512, 2, 64\) differs from k\.shape \(2, 512, 2, 128\)"),
+        ("dv.stride", (512 * 2 * 128, 2 * 128, 128, 2), ValueError, r"dv\.stride\[3\] \(headdim\) = 2"),
+        ("out.dtype", _lib.DTYPE_FLOAT32, ValueError, r"out\.dtype is float32"),
+        ("softmax_lse", None, ValueError, "softmax_lse is null"),
+        ("dq.dtype", _lib.DTYPE_FLOAT8_E4M3, NotImplementedError, "the backward has no FP8 path"),
+        ("softmax_scale", -1.0, ValueError, r"softmax_scale = -1"),
+        ("workspace", (10 << 32) + 128, ValueError, r"options\.workspace is not 256-byte aligned"),
+    ],
+)
+def test_backward_names_the_bad_field(lib, field, value, error, message):
+    args = _valid_backward_args()
+    *path, last = field.split(".")
+    target = getattr(args, path[0]) if path else args
+    setattr(target, last, value)
+    if field == "workspace":
+        args.workspace_bytes = 1 << 30
+    with pytest.raises(error, match=message):
+        _lib.backward(args, 0)
+
+
+def test_backward_workspace_bytes_reach_the_library(lib):
+    args = _valid_backward_args()
+    needed = _lib.backward_workspace_size(args)
+    args.workspace = 10 << 32
+    args.workspace_bytes = needed - 256
+    message = rf"options\.workspace_bytes = {needed - 256} is less than the {needed} bytes"
+    with pytest.raises(ValueError, match=message):
+        _lib.backward(args, 0)
+
+
+def test_valid_backward_stops_at_the_device(lib):
+    # Without a GPU: no device; with one: the fake pointers are not device memory.
+    with pytest.raises((RuntimeError, ValueError), match=r"no usable CUDA device|dout\.data is not device memory"):
+        _lib.backward(_valid_backward_args(), 0)
+
+
+def test_backward_workspace_size_needs_no_device(lib):
+    size = _lib.backward_workspace_size(_valid_backward_args())
+    assert isinstance(size, int) and size > 0 and size % 256 == 0
+    # At least the fp32 dQ accumulator: batch * heads_q * seqlen_q * headdim floats.
+    assert size >= 2 * 8 * 256 * 128 * 4
+
+
+def test_backward_workspace_size_grows_linearly_with_seqlen(lib):
+    sizes = [_lib.backward_workspace_size(_valid_backward_args(seqlen_q=s)) for s in (1024, 2048, 4096)]
+    assert sizes[1] - sizes[0] > 0
+    assert sizes[2] - sizes[1] == 2 * (sizes[1] - sizes[0])  # linear, not quadratic
+
+
+def test_backward_workspace_size_reads_deterministic_and_heads(lib):
+    args = _valid_backward_args()
+    plain = _lib.backward_workspace_size(args)
+    args.deterministic = 1
+    assert _lib.backward_workspace_size(args) > plain  # semaphores
+    mha = _lib.backward_workspace_size(_valid_backward_args(k_shape=(2, 512, 8, 128)))
+    assert plain > mha  # GQA: fp32 dK/dV accumulators
+
+
+def test_backward_workspace_size_names_the_bad_field(lib):
+    args = _valid_backward_args()
+    args.k.shape[3] = 64
+    message = r"flash3::backward_workspace_size: k\.shape\[3\] \(headdim\) = 64 differs"
+    with pytest.raises(ValueError, match=message):
+        _lib.backward_workspace_size(args)
+
+
+def test_backward_null_args_are_refused(lib):
+    assert lib.flash3_backward(None, None) == _lib.ERROR_INVALID_ARGUMENT
+    assert b"flash3_backward: args is null" in lib.flash3_last_error()
+    size = ctypes.c_size_t(12345)
+    assert lib.flash3_backward_workspace_size(None, ctypes.byref(size)) == _lib.ERROR_INVALID_ARGUMENT
+    assert b"flash3_backward_workspace_size: args is null" in lib.flash3_last_error()
+    assert size.value == 12345
+    args = _valid_backward_args()
+    assert lib.flash3_backward_workspace_size(ctypes.byref(args), None) == _lib.ERROR_INVALID_ARGUMENT
+    assert b"bytes is null" in lib.flash3_last_error()

@@ -122,13 +122,6 @@ def test_runs_on_the_current_stream():
 
 
 @requires_hopper
-def test_backward_raises():
-    q, k, v = (x.requires_grad_() for x in qkv(*SHAPES[0], torch.bfloat16))
-    with pytest.raises(NotImplementedError, match="backward is not implemented"):
-        call(q, k, v).sum().backward()
-
-
-@requires_hopper
 @pytest.mark.parametrize(
     "mutate, error, message",
     [

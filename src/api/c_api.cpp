@@ -42,6 +42,16 @@ flash3::Fp8Descale to_cpp(const flash3_fp8_descale& d) {
   return r;
 }
 
+flash3::BackwardOptions backward_options(const flash3_backward_args& args) {
+  flash3::BackwardOptions options;
+  options.causal = args.causal != 0;
+  options.softmax_scale = args.softmax_scale;
+  options.deterministic = args.deterministic != 0;
+  options.workspace = args.workspace;
+  options.workspace_bytes = args.workspace_bytes;
+  return options;
+}
+
 flash3_status finish(const flash3::Status& s) {
   g_last_error = s.message;
   return static_cast<flash3_status>(s.code);
@@ -60,6 +70,29 @@ flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t strea
   options.softmax_scale = args->softmax_scale;
   return finish(flash3::forward(to_cpp(args->q), to_cpp(args->k), to_cpp(args->v),
                                 to_cpp(args->out), args->softmax_lse, options, stream));
+}
+
+flash3_status flash3_backward(const flash3_backward_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_backward: args is null"});
+  }
+  return finish(flash3::backward(to_cpp(args->dout), to_cpp(args->q), to_cpp(args->k),
+                                 to_cpp(args->v), to_cpp(args->out), args->softmax_lse,
+                                 to_cpp(args->dq), to_cpp(args->dk), to_cpp(args->dv),
+                                 backward_options(*args), stream));
+}
+
+flash3_status flash3_backward_workspace_size(const flash3_backward_args* args, size_t* bytes) {
+  if (args == nullptr) {
+    return finish(
+        {flash3::StatusCode::kInvalidArgument, "flash3_backward_workspace_size: args is null"});
+  }
+  if (bytes == nullptr) {
+    return finish(
+        {flash3::StatusCode::kInvalidArgument, "flash3_backward_workspace_size: bytes is null"});
+  }
+  return finish(flash3::backward_workspace_size(to_cpp(args->q), to_cpp(args->k),
+                                                backward_options(*args), bytes));
 }
 
 flash3_status flash3_quantize_fp8(const flash3_quantize_args* args, cudaStream_t stream) {

@@ -124,6 +124,21 @@ Status check_pointers(const char* call, const ForwardParams& p) {
                              {"descales.v.data", p.v_descale.data}});
 }
 
+Status check_pointers(const char* call, const BackwardParams& p) {
+  // The workspace is null (skipped) when flash3's own per-stream buffer is used.
+  return check_each_pointer(call, p.device,
+                            {{"dout.data", p.dout},
+                             {"q.data", p.q},
+                             {"k.data", p.k},
+                             {"v.data", p.v},
+                             {"out.data", p.out},
+                             {"softmax_lse", p.softmax_lse},
+                             {"dq.data", p.dq},
+                             {"dk.data", p.dk},
+                             {"dv.data", p.dv},
+                             {"options.workspace", p.workspace}});
+}
+
 Status check_pointers(const char* call, const Fp8VLayoutParams& p) {
   return check_each_pointer(call, p.device, {{"v.data", p.v}, {"v_out.data", p.v_out}});
 }

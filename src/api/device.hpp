@@ -13,6 +13,7 @@ Status check_device(const char* call, DeviceFields* params);
 
 // Every pointer in params must be device (or managed) memory of params->device.
 Status check_pointers(const char* call, const ForwardParams& params);
+Status check_pointers(const char* call, const BackwardParams& params);
 Status check_pointers(const char* call, const QuantizeParams& params);
 Status check_pointers(const char* call, const Fp8VLayoutParams& params);
 

@@ -28,7 +28,14 @@ Status launch_forward_fp8_sm90(const ForwardParams& params, cudaStream_t stream)
 // src/sm90/fp8/v_layout.cu.
 Status launch_fp8_v_layout_sm90(const Fp8VLayoutParams& params, cudaStream_t stream);
 
+// Backward: one explicit instantiation per (dtype, head dim), generated like
+// the forward's (FLASH3_KERNELS names them bwd_bf16_128, ...); the pre- and
+// post-passes come with it.
+template <DType kDType, int kHeadDim>
+Status launch_backward_sm90(const BackwardParams& params, cudaStream_t stream);
+
 Status dispatch(const ForwardParams& params, cudaStream_t stream);
+Status dispatch(const BackwardParams& params, cudaStream_t stream);
 Status dispatch(const QuantizeParams& params, cudaStream_t stream);
 Status dispatch(const Fp8VLayoutParams& params, cudaStream_t stream);
 

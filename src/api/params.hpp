@@ -1,6 +1,7 @@
 // Internal description of one validated call: what the kernels see.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "flash3/flash3.hpp"
@@ -12,6 +13,8 @@ inline constexpr char kForwardCall[] = "flash3::forward";
 inline constexpr char kQuantizeCall[] = "flash3::quantize_fp8";
 inline constexpr char kForwardFp8Call[] = "flash3::forward_fp8";
 inline constexpr char kFp8VLayoutCall[] = "flash3::fp8_v_layout";
+inline constexpr char kBackwardCall[] = "flash3::backward";
+inline constexpr char kBackwardWorkspaceCall[] = "flash3::backward_workspace_size";
 
 // Element strides of a (batch, seqlen, heads, headdim) tensor, headdim contiguous.
 struct Strides3 {
@@ -94,6 +97,33 @@ struct ForwardParams : DeviceFields {
 
   float softmax_scale = 0.0f;  // resolved: never 0 here
   bool causal = false;
+};
+
+struct BackwardParams : DeviceFields {
+  const void* dout = nullptr;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;
+  const float* softmax_lse = nullptr;  // contiguous (batch, heads_q, seqlen_q)
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  void* workspace = nullptr;  // null: the per-stream buffer (workspace.hpp)
+  size_t workspace_bytes = 0;
+
+  DType dtype = DType::kBFloat16;  // of every tensor
+  int batch = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int heads_q = 0;
+  int heads_k = 0;
+  int headdim = 0;
+  Strides3 dout_stride, q_stride, k_stride, v_stride, out_stride, dq_stride, dk_stride, dv_stride;
+
+  float softmax_scale = 0.0f;  // resolved: never 0 here
+  bool causal = false;
+  bool deterministic = false;
 };
 
 struct QuantizeParams : DeviceFields {

@@ -1,14 +1,17 @@
-// Every argument check of the public calls, in one place. Pure host code: it
-// touches neither the device nor the memory behind the pointers, so it runs
-// (and is tested) on machines without a GPU.
+// The argument checks of the public calls, one validate_* per call
+// (validate_<call>.cpp; what they share is in validate_common.hpp). Pure
+// host code: it touches neither the device nor the memory behind the
+// pointers, so it runs (and is tested) on machines without a GPU.
 #pragma once
+
+#include <cstddef>
 
 #include "flash3/flash3.hpp"
 #include "params.hpp"
 
 namespace flash3::detail {
 
-// Head dimensions the forward and quantization kernels are built for.
+// Head dimensions the forward, backward and quantization kernels are built for.
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 
 // Checks q, k, v, out, softmax_lse and options; on success fills `params`
@@ -16,6 +19,20 @@ inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         float* softmax_lse, const ForwardOptions& options,
                         ForwardParams* params);
+
+// Checks the backward's tensors, softmax_lse and options (the workspace, if
+// given, against backward_workspace_size); on success fills `params`
+// (everything but the device fields) and returns an ok Status.
+Status validate_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const float* softmax_lse, const Tensor& dq,
+                         const Tensor& dk, const Tensor& dv, const BackwardOptions& options,
+                         BackwardParams* params);
+
+// Checks q, k and bytes as backward_workspace_size() takes them; on success
+// sets *bytes to the size of the backward's workspace for these shapes and
+// options.deterministic. On error *bytes is left as it was.
+Status validate_backward_workspace_size(const Tensor& q, const Tensor& k,
+                                        const BackwardOptions& options, size_t* bytes);
 
 // Checks x, x_fp8, descale and options; on success fills `params`
 // (everything but the device fields) and returns an ok Status.

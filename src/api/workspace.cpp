@@ -2,7 +2,7 @@
 
 #include <map>
 #include <mutex>
-#include <utility>
+#include <tuple>
 
 namespace flash3::detail {
 namespace {
@@ -15,11 +15,12 @@ struct Buffer {
 std::mutex g_mutex;
 // Keyed by the stream's process-unique ID, not its handle, which a new
 // stream may reuse while the old one's kernels still run.
-std::map<std::pair<int, unsigned long long>, Buffer> g_buffers;
+std::map<std::tuple<int, unsigned long long, WorkspaceUse>, Buffer> g_buffers;
 
 }  // namespace
 
-void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t flag_bytes) {
+void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t flag_bytes,
+                       WorkspaceUse use) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
       capture != cudaStreamCaptureStatusNone) {
@@ -32,7 +33,7 @@ void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t fla
     return nullptr;
   }
   const std::lock_guard<std::mutex> lock(g_mutex);
-  Buffer& buffer = g_buffers[{device, id}];
+  Buffer& buffer = g_buffers[{device, id, use}];
   if (buffer.bytes >= bytes) {
     return buffer.ptr;
   }

@@ -1,6 +1,7 @@
 // Device memory that flash3 keeps for a stream: the tail split's partial
-// outputs and flags (src/sm90/fwd/tail_split.hpp). One buffer per (device,
-// stream), grown in stream order and kept for the process's lifetime, so
+// outputs and flags (src/sm90/fwd/tail_split.hpp), and the backward's
+// accumulators (src/sm90/bwd/workspace.hpp) when the caller passes none. One
+// buffer per (device, stream, use), grown in stream order and kept for the process's lifetime, so
 // kernels on one stream never share it with kernels on another; the flags
 // are zeroed when the buffer is made and every kernel leaves them zero.
 #pragma once
@@ -16,6 +17,8 @@ namespace flash3::detail {
 // being captured into a CUDA graph (a graph, replayed on any stream, must
 // not hold memory that this cache hands to eager calls) or if the allocation
 // fails: the caller then runs without one.
-void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t flag_bytes);
+enum class WorkspaceUse { kForwardTailSplit, kBackward };
+void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t flag_bytes,
+                       WorkspaceUse use = WorkspaceUse::kForwardTailSplit);
 
 }  // namespace flash3::detail

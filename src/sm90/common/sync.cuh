@@ -65,6 +65,13 @@ enum class NamedBarrier : uint32_t {
   kSchedulerConsumer0 = 4,  // ping-pong: consumer warpgroup 0 may issue its GEMMs
   kSchedulerConsumer1 = 5,
   kSchedulerConsumer2 = 6,
+  // Backward (bwd/mainloop.cuh): both consumer warpgroups' dS tiles are in
+  // shared memory; the dQ tile is staged (consumers -> dQ writer) and free
+  // again (writer -> consumers); the GQA dK/dV hand-off in deterministic mode.
+  kBwdDsReady = 7,
+  kBwdDqFull = 8,
+  kBwdDqEmpty = 9,
+  kBwdDkvStored = 10,
   kScheduleFence = 15,  // one warp arrives, nobody waits: see schedule_after()
 };
 

@@ -46,6 +46,26 @@ __device__ inline void tma_store(const CUtensorMap* map, const void* smem, int c
       : "memory");
 }
 
+// Global -> shared, `bytes` contiguous bytes (a multiple of 16, both ends
+// 16-byte aligned), counted on `bar` like tma_load.
+__device__ inline void bulk_load(uint64_t* bar, void* smem, const void* gmem, uint32_t bytes) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_u32(smem)),
+      "l"(reinterpret_cast<uint64_t>(gmem)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// gmem[i] += smem[i] for `bytes` / 4 floats (a multiple of 16 bytes, both
+// ends 16-byte aligned), as one bulk operation of the async proxy (atomic per
+// element); a bulk group like tma_store.
+__device__ inline void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                   reinterpret_cast<uint64_t>(gmem)),
+               "r"(smem_u32(smem)), "r"(bytes)
+               : "memory");
+}
+
 // Four 8x8 tiles of 16-bit values to shared memory (stmatrix): register i of
 // a lane holds row lane / 4, columns 2 (lane % 4) and + 1 of tile i (the
 // wgmma accumulator fragment, packed), and lane l gives the address of row
@@ -63,6 +83,10 @@ __device__ inline void tma_store_commit() { asm volatile("cp.async.bulk.commit_g
 __device__ inline void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
+
+// Waits until the committed bulk operations have completed (their global
+// writes performed), not only read shared memory.
+__device__ inline void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 __device__ inline void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

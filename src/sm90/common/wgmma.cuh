@@ -39,6 +39,16 @@ __device__ inline uint64_t make_smem_desc(uint32_t smem_addr, uint32_t leading_b
   return desc;
 }
 
+// Byte offset of element (row, col) of a 16-bit tile of kRows rows in the
+// layout above.
+template <int kRows>
+__device__ __forceinline__ uint32_t tile_offset16(int row, int col) {
+  const int block = col / kSwizzleCols16;
+  const int chunk = (col % kSwizzleCols16) / 8;  // 16-byte chunk within the 128-byte row
+  return block * kRows * kSwizzleRowBytes + row * kSwizzleRowBytes + ((chunk ^ (row % 8)) * 16) +
+         (col % 8) * 2;
+}
+
 // A tile's descriptors: at(offset) is that of the tile `offset` bytes on.
 // kAdd: the tile's descriptor plus offset >> 4 in its low word (the address
 // field holds bits 4..17 of the shared address and shared memory ends below
@@ -77,10 +87,10 @@ __device__ inline TileDesc<kAdd> desc_mn_major(uint32_t smem_addr, uint32_t bloc
 // One wgmma: 64 x kN x (32 bytes of Element); 8-bit types take only K-major B.
 template <class Element>
 using MmaKShape = cute::Int<kMmaKBytes / static_cast<int>(sizeof(Element))>;
-template <class Element, int kN, gmma::Major kMajorB>
+template <class Element, int kN, gmma::Major kMajorB, gmma::Major kMajorA = gmma::Major::K>
 using MmaSS = decltype(gmma::ss_op_selector<Element, Element, float,
                                             cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
-                                            gmma::Major::K, kMajorB>());
+                                            kMajorA, kMajorB>());
 template <class Element, int kN, gmma::Major kMajorB>
 using MmaRS = decltype(gmma::rs_op_selector<Element, Element, float,
                                             cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
@@ -99,11 +109,13 @@ __device__ __forceinline__ void mma_rs(const uint32_t* a, uint64_t b, float* d,
 }
 }  // namespace detail
 
-// d (64 x kN per warpgroup, kN/2 floats per thread) (+)= A(smem) * B(smem).
-template <class Element, int kN, gmma::Major kMajorB, int kRegs>
+// d (64 x kN per warpgroup, kN/2 floats per thread) (+)= A(smem) * B(smem);
+// A is K-major unless kMajorA says MN-major (16-bit types only).
+template <class Element, int kN, gmma::Major kMajorB, int kRegs,
+          gmma::Major kMajorA = gmma::Major::K>
 __device__ __forceinline__ void mma_ss(uint64_t desc_a, uint64_t desc_b, float (&d)[kRegs],
                                        bool accumulate) {
-  using Op = MmaSS<Element, kN, kMajorB>;
+  using Op = MmaSS<Element, kN, kMajorB, kMajorA>;
   static_assert(sizeof(typename Op::CRegisters) / sizeof(float) == kRegs, "wgmma N mismatch");
   detail::mma_ss<Op>(desc_a, desc_b, d, accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
                      std::make_index_sequence<kRegs>{});

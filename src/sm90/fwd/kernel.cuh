@@ -8,8 +8,9 @@
 #include "epilogue.cuh"
 #include "kernel_args.cuh"
 #include "mainloop.cuh"
-#include "mask.cuh"
+#include "sm90/common/mask.cuh"
 #include "scheduler.cuh"
+#include "sm90/common/shared_memory.cuh"
 #include "softmax.cuh"
 #include "traits.cuh"
 
@@ -19,10 +20,7 @@ enum class WarpRole { kProducer, kConsumer };
 
 template <class T>
 __device__ __forceinline__ SharedStorage<T>& shared_storage() {
-  extern __shared__ uint8_t smem_raw[];
-  const uintptr_t base = reinterpret_cast<uintptr_t>(smem_raw);
-  const uintptr_t aligned = (base + kSmemAlignSlack - 1) & ~uintptr_t(kSmemAlignSlack - 1);
-  return *reinterpret_cast<SharedStorage<T>*>(aligned);
+  return aligned_shared_storage<SharedStorage<T>, kSmemAlignSlack>();
 }
 
 template <class T>

@@ -14,45 +14,15 @@
 
 #include "kernel_args.cuh"
 #include "sm90/fp8/prob_offset.hpp"
-#include "mask.cuh"
+#include "sm90/common/mask.cuh"
 #include "scheduler.cuh"
 #include "sm90/common/sync.cuh"
 #include "sm90/common/tma.cuh"
+#include "sm90/common/fragment.cuh"
 #include "sm90/common/wgmma.cuh"
 #include "softmax.cuh"
 
 namespace flash3::sm90::fwd {
-
-template <class Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  uint32_t r;
-  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    r = *reinterpret_cast<uint32_t*>(&v);
-  }
-  return r;
-}
-
-// Four floats -> four e4m3 bytes (a in the lowest), saturating, nearest-even.
-__device__ __forceinline__ uint32_t pack4_e4m3(float a, float b, float c, float d) {
-  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-  return lo | (hi << 16);
-}
-
-// Position of this thread in the wgmma accumulator layout of its warpgroup.
-struct FragmentCoord {
-  int warp;  // warp in the warpgroup: rows 16*warp .. 16*warp+15
-  int row;   // g = lane / 4: rows g and g + 8 of the warp's 16
-  int col;   // 2 * (lane % 4): columns col, col + 1 of every 8
-  __device__ static FragmentCoord current() {
-    const int lane = threadIdx.x % 32;
-    return {static_cast<int>((threadIdx.x / 32) % 4), lane / 4, 2 * (lane % 4)};
-  }
-};
 
 template <class T, bool kCausal>
 struct Mainloop {

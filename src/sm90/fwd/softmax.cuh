@@ -5,43 +5,10 @@
 
 #include <cmath>
 
+#include "sm90/common/math.cuh"
 #include "sm90/common/wgmma.cuh"
 
 namespace flash3::sm90::fwd {
-
-inline constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// MUFU reciprocal and log2 with denormals flushed (relative error ~2^-22).
-// A row's sum is >= 1 (its max element contributes exp2(0) or more), so the
-// flush never applies; without .ftz each call also scales denormal inputs
-// (~8 instructions).
-__device__ __forceinline__ float fast_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 
 // A row's max or sum over the thread's kRegs accumulator registers runs in
 // independent chains: kChainsPerRow<kRegs> of them, register i in chain

@@ -8,6 +8,7 @@
 
 #include "flash3/flash3.hpp"
 #include "kernel_args.cuh"
+#include "sm90/common/element.cuh"
 #include "sm90/common/wgmma.cuh"
 
 namespace flash3::sm90::fwd {
@@ -311,21 +312,6 @@ inline constexpr bool kIntraWgOverlapEnabled = false;
 #else
 inline constexpr bool kIntraWgOverlapEnabled = true;
 #endif
-
-template <DType kDType>
-struct ElementOf;
-template <>
-struct ElementOf<DType::kFloat16> {
-  using type = cutlass::half_t;
-};
-template <>
-struct ElementOf<DType::kBFloat16> {
-  using type = cutlass::bfloat16_t;
-};
-template <>
-struct ElementOf<DType::kFloat8E4M3> {
-  using type = cutlass::float_e4m3_t;
-};
 
 // kDType: of Q, K, V; kOutDType: of O (the same, or fp16/bf16 for fp8).
 template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType,

@@ -1,13 +1,16 @@
-// Which key blocks a query tile visits, which of them need element masking,
-// and the masking itself: the causal limit (aligned to the bottom-right
-// corner) and the end of the key sequence, as one policy.
+// Which key blocks a query tile visits (forward), which query blocks a key
+// block meets (backward), which blocks need element masking, and the masking
+// itself, of scores laid out rows = queries (forward) or rows = keys
+// (backward's transposed scores): the causal limit (aligned to the
+// bottom-right corner) and the ends of the sequences, as one policy.
 #pragma once
 
+#include <climits>
 #include <cmath>
 
 #include "sm90/common/wgmma.cuh"
 
-namespace flash3::sm90::fwd {
+namespace flash3::sm90 {
 
 template <int kBlockM, int kBlockN, bool kCausal>
 struct Mask {
@@ -73,6 +76,37 @@ struct Mask {
       }
     }
   }
+  // ---------------------------------------------------------------- backward
+  // Query blocks [m_block_begin(n_block), num_m_blocks()) hold every row that
+  // sees a key of key block n_block (none when begin >= end).
+  __device__ int num_m_blocks() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
+  __device__ int m_block_begin(int n_block) const {
+    if (!kCausal) {
+      return 0;
+    }
+    const int first_row = n_block * kBlockN - causal_offset();  // the first row seeing its first key
+    return first_row <= 0 ? 0 : first_row / kBlockM;
+  }
+
+  // Sets hidden scores of one thread's transposed accumulator (rows = keys)
+  // to -inf: s[4j + e] is key `key0` (e < 2) or `key0 + 8` (e >= 2), query
+  // column `col0 + 8j + (e & 1)`. Keys past seqlen_k are hidden from every
+  // query (their K rows read as zero, so their scores would be 0, not -inf).
+  template <int kRegs>
+  __device__ void apply_transposed(float (&s)[kRegs], int key0, int col0) const {
+    int first_visible[2];  // the first query column (from col0) that keys key0, key0 + 8 meet
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = key0 + 8 * r;
+      first_visible[r] = key >= seqlen_k ? INT_MAX : kCausal ? key - causal_offset() - col0 : INT_MIN;
+    }
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) {
+      if ((i / 4) * 8 + (i & 1) < first_visible[acc_row(i)]) {
+        s[i] = -INFINITY;
+      }
+    }
+  }
 };
 
-}  // namespace flash3::sm90::fwd
+}  // namespace flash3::sm90

@@ -1,0 +1,313 @@
+// The argument checks of flash3::backward and flash3::backward_workspace_size.
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "sm90/bwd/workspace.hpp"
+#include "validate_common.hpp"
+
+namespace flash3::detail {
+namespace {
+
+using namespace validation;
+using sm90::bwd::WorkspaceLayout;
+
+// WorkspaceLayout::of's sizes must stay far from size_t's range: a bound of
+// the whole workspace (in 128 bits) at most this.
+constexpr unsigned __int128 kMaxWorkspaceBytes = static_cast<unsigned __int128>(1) << 62;
+
+// Every tensor of the backward.
+Status backward_dtype(const char* name, DType dtype) {
+  if (dtype == DType::kFloat32) {
+    return invalid(name, ".dtype is float32; the backward's tensors must be float16 or bfloat16");
+  }
+  if (dtype == DType::kFloat8E4M3) {
+    return unsupported(name, ".dtype is float8_e4m3: the backward has no FP8 path; "
+                       "use float16 or bfloat16");
+  }
+  return Status{};
+}
+
+std::string shape_text(const Tensor& t) {
+  std::ostringstream os;
+  os << "(" << t.shape[0] << ", " << t.shape[1] << ", " << t.shape[2] << ", " << t.shape[3] << ")";
+  return os.str();
+}
+
+// t has the shape of `like` (named like_name).
+Status check_same_shape(const char* name, const Tensor& t, const char* like_name,
+                        const Tensor& like) {
+  if (t.shape != like.shape) {
+    return invalid(name, ".shape ", shape_text(t), " differs from ", like_name, ".shape ",
+                   shape_text(like));
+  }
+  return Status{};
+}
+
+// k of q's dtype, batch and head dim; a supported head dim; q's heads a
+// multiple of k's; batch * heads_q lse rows. What backward() and
+// backward_workspace_size() both check once each tensor passed check_tensor.
+Status check_q_and_k(const Tensor& q, const Tensor& k) {
+  if (k.dtype != q.dtype) {
+    return invalid("k.dtype (", dtype_name(k.dtype), ") differs from q.dtype (",
+                   dtype_name(q.dtype), ")");
+  }
+  if (Status s = check_batch_and_headdim_match_q("k", k, q); !s.ok()) {
+    return s;
+  }
+  if (!supported_headdim(q.shape[3])) {
+    return unsupported("headdim = ", q.shape[3], " is not supported; supported: 64, 128, 256");
+  }
+  return check_heads(q, k);
+}
+
+// The workspace of q's and k's shapes, after check_q_and_k: refused if its
+// tile counts or bytes would not fit the layout's arithmetic.
+Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
+                        WorkspaceLayout* layout) {
+  using u128 = unsigned __int128;
+  const int headdim = static_cast<int>(q.shape[3]);
+  const int64_t block_m = sm90::bwd::block_m(headdim);
+  const int64_t block_n = sm90::bwd::block_n(headdim);
+  const int64_t padded_q = (q.shape[1] + block_m - 1) / block_m * block_m;
+  const int64_t padded_k = (k.shape[1] + block_n - 1) / block_n * block_n;
+  if (padded_q > kMaxDimension) {
+    return invalid("q.shape[1] (seqlen_q) = ", q.shape[1], " rounded up to the backward's tile of ",
+                   block_m, " query rows exceeds 2^31-1");
+  }
+  if (padded_k > kMaxDimension) {
+    return invalid("k.shape[1] (seqlen_k) = ", k.shape[1], " rounded up to the backward's tile of ",
+                   block_n, " keys exceeds 2^31-1");
+  }
+  // A bound of every region (dQ accumulator, two row statistics, the dK/dV
+  // accumulators, semaphores, alignment), so that the layout's size_t sums
+  // cannot wrap.
+  const u128 rows_q = static_cast<u128>(q.shape[0] * q.shape[2]) * static_cast<u128>(padded_q);
+  const u128 rows_k = static_cast<u128>(k.shape[0] * k.shape[2]) * static_cast<u128>(padded_k);
+  const u128 bound = (rows_q * static_cast<u128>(headdim + 3) +
+                      rows_k * static_cast<u128>(2 * headdim + 1)) *
+                         sizeof(float) +
+                     8 * WorkspaceLayout::kAlign;
+  if (bound > kMaxWorkspaceBytes) {
+    return invalid("the backward's workspace for these shapes (about ",
+                   static_cast<uint64_t>(bound >> 30), " GiB) exceeds 2^62 bytes");
+  }
+  *layout = WorkspaceLayout::of(static_cast<int>(q.shape[0]), static_cast<int>(q.shape[1]),
+                                static_cast<int>(k.shape[1]), static_cast<int>(q.shape[2]),
+                                static_cast<int>(k.shape[2]), headdim, deterministic);
+  return Status{};
+}
+
+struct Named {
+  const char* name;
+  const Tensor& t;
+};
+
+Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& out, const float* softmax_lse, const Tensor& dq,
+                      const Tensor& dk, const Tensor& dv, const BackwardOptions& options,
+                      BackwardParams* params) {
+  const Named tensors[] = {{"dout", dout}, {"q", q},   {"k", k},   {"v", v},
+                           {"out", out},   {"dq", dq}, {"dk", dk}, {"dv", dv}};
+  for (const auto& [name, t] : tensors) {
+    if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
+      return s;
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    if (t.dtype != q.dtype) {
+      return invalid(name, ".dtype (", dtype_name(t.dtype), ") differs from q.dtype (",
+                     dtype_name(q.dtype), ")");
+    }
+  }
+  for (const auto& [name, t] : {Named{"k", k}, Named{"v", v}}) {
+    if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
+      return s;
+    }
+  }
+  if (Status s = check_q_and_k(q, k); !s.ok()) {
+    return s;
+  }
+  if (v.shape[1] != k.shape[1]) {
+    return invalid("v.shape[1] (seqlen) = ", v.shape[1], " differs from k's ", k.shape[1]);
+  }
+  if (v.shape[2] != k.shape[2]) {
+    return invalid("v.shape[2] (heads) = ", v.shape[2], " differs from k's ", k.shape[2]);
+  }
+  const struct {
+    const char* name;
+    const Tensor& t;
+    const char* like_name;
+    const Tensor& like;
+  } shapes[] = {{"out", out, "q", q},
+                {"dout", dout, "q", q},
+                {"dq", dq, "q", q},
+                {"dk", dk, "k", k},
+                {"dv", dv, "k", k}};
+  for (const auto& [name, t, like_name, like] : shapes) {
+    if (Status s = check_same_shape(name, t, like_name, like); !s.ok()) {
+      return s;
+    }
+  }
+
+  if (softmax_lse == nullptr) {
+    return invalid("softmax_lse is null: the backward needs the forward's log-sum-exp "
+                   "(float32, contiguous (batch, heads_q, seqlen_q))");
+  }
+  if (reinterpret_cast<uintptr_t>(softmax_lse) % alignof(float) != 0) {
+    return invalid("softmax_lse is not 4-byte aligned");
+  }
+  if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
+    return s;
+  }
+  if (Status s = check_lse_rows(q); !s.ok()) {
+    return s;
+  }
+  const uint64_t lse_count = static_cast<uint64_t>(q.shape[0] * q.shape[2]) *
+                             static_cast<uint64_t>(q.shape[1]);  // < 2^62
+  Span lse_span;
+  if (!float_span(softmax_lse, lse_count, &lse_span)) {
+    return invalid("softmax_lse: its batch * heads_q * seqlen_q = ", lse_count,
+                   " floats address past the end of the address space");
+  }
+  WorkspaceLayout layout;
+  if (Status s = workspace_layout(q, k, options.deterministic, &layout); !s.ok()) {
+    return s;
+  }
+
+  // The gradients: none aliases itself, another or an input.
+  const Named grads[] = {{"dq", dq}, {"dk", dk}, {"dv", dv}};
+  for (const auto& [name, t] : grads) {
+    if (self_overlapping(t)) {
+      return invalid(name, "'s strides make elements overlap; ", name, " must not alias itself");
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (elements_intersect(grads[i].t, grads[j].t)) {
+        return invalid(grads[i].name, " overlaps ", grads[j].name,
+                       " in memory; the gradients must not alias each other");
+      }
+    }
+  }
+  const struct {
+    const char* name;
+    Span span;
+  } inputs[] = {{"dout", span_of(dout)}, {"q", span_of(q)},     {"k", span_of(k)},
+                {"v", span_of(v)},       {"out", span_of(out)}, {"softmax_lse", lse_span}};
+  for (const auto& [grad, t] : grads) {
+    const Span grad_span = span_of(t);
+    for (const auto& [name, span] : inputs) {
+      if (intersect(grad_span, span)) {
+        return invalid(grad, " overlaps ", name,
+                       " in memory; a gradient must not alias an input");
+      }
+    }
+  }
+
+  if (options.workspace != nullptr) {
+    if (reinterpret_cast<uintptr_t>(options.workspace) % WorkspaceLayout::kAlign != 0) {
+      return invalid("options.workspace is not ", WorkspaceLayout::kAlign, "-byte aligned");
+    }
+    if (options.workspace_bytes < layout.bytes) {
+      return invalid("options.workspace_bytes = ", options.workspace_bytes, " is less than the ",
+                     layout.bytes, " bytes these shapes need (backward_workspace_size)");
+    }
+    // What the kernels use of it: its first layout.bytes.
+    const unsigned __int128 end =
+        static_cast<unsigned __int128>(reinterpret_cast<uintptr_t>(options.workspace)) +
+        layout.bytes;
+    if (end > std::numeric_limits<uint64_t>::max()) {
+      return invalid("options.workspace: its ", layout.bytes,
+                     " bytes address past the end of the address space");
+    }
+    const Span workspace{reinterpret_cast<uintptr_t>(options.workspace),
+                         static_cast<uint64_t>(end)};
+    for (const auto& [name, t] : tensors) {
+      if (intersect(workspace, span_of(t))) {
+        return invalid("options.workspace overlaps ", name,
+                       " in memory; the workspace must not alias a tensor");
+      }
+    }
+    if (intersect(workspace, lse_span)) {
+      return invalid("options.workspace overlaps softmax_lse in memory; the workspace must not "
+                     "alias a tensor");
+    }
+  }
+
+  BackwardParams p;
+  p.dout = dout.data;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.out = out.data;
+  p.softmax_lse = softmax_lse;
+  p.dq = dq.data;
+  p.dk = dk.data;
+  p.dv = dv.data;
+  p.workspace = options.workspace;
+  p.workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
+  p.dtype = q.dtype;
+  p.batch = static_cast<int>(q.shape[0]);
+  p.seqlen_q = static_cast<int>(q.shape[1]);
+  p.seqlen_k = static_cast<int>(k.shape[1]);
+  p.heads_q = static_cast<int>(q.shape[2]);
+  p.heads_k = static_cast<int>(k.shape[2]);
+  p.headdim = static_cast<int>(q.shape[3]);
+  p.dout_stride = strides_of(dout);
+  p.q_stride = strides_of(q);
+  p.k_stride = strides_of(k);
+  p.v_stride = strides_of(v);
+  p.out_stride = strides_of(out);
+  p.dq_stride = strides_of(dq);
+  p.dk_stride = strides_of(dk);
+  p.dv_stride = strides_of(dv);
+  p.softmax_scale = resolve_softmax_scale(options.softmax_scale, p.headdim);
+  p.causal = options.causal;
+  p.deterministic = options.deterministic;
+  *params = p;
+  return Status{};
+}
+
+Status check_backward_workspace_size(const Tensor& q, const Tensor& k,
+                                     const BackwardOptions& options, size_t* bytes) {
+  if (bytes == nullptr) {
+    return invalid("bytes is null");
+  }
+  for (const auto& [name, t] : {Named{"q", q}, Named{"k", k}}) {
+    if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
+      return s;
+    }
+  }
+  if (Status s = check_q_and_k(q, k); !s.ok()) {
+    return s;
+  }
+  if (Status s = check_lse_rows(q); !s.ok()) {
+    return s;
+  }
+  WorkspaceLayout layout;
+  if (Status s = workspace_layout(q, k, options.deterministic, &layout); !s.ok()) {
+    return s;
+  }
+  *bytes = layout.bytes;
+  return Status{};
+}
+
+}  // namespace
+
+Status validate_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& out, const float* softmax_lse, const Tensor& dq,
+                         const Tensor& dk, const Tensor& dv, const BackwardOptions& options,
+                         BackwardParams* params) {
+  return with_call(kBackwardCall, check_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv,
+                                                 options, params));
+}
+
+Status validate_backward_workspace_size(const Tensor& q, const Tensor& k,
+                                        const BackwardOptions& options, size_t* bytes) {
+  return with_call(kBackwardWorkspaceCall, check_backward_workspace_size(q, k, options, bytes));
+}
+
+}  // namespace flash3::detail

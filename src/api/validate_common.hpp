@@ -1,0 +1,136 @@
+// What the argument checks of the public calls share (validate_*.cpp): the
+// limits, message helpers, the check of one Tensor, byte spans and overlap
+// tests, and the pieces both forwards use. Pure host code, like validate.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "flash3/flash3.hpp"
+#include "params.hpp"
+#include "validate.hpp"
+
+namespace flash3::detail::validation {
+
+// TMA (cp.async.bulk.tensor) limits, from the CUDA driver's cuTensorMapEncodeTiled.
+inline constexpr int64_t kTmaAlignmentBytes = 16;  // base address and every stride (also
+                                                   // the quantization kernel's vector accesses)
+inline constexpr int64_t kTmaMaxStrideBytes = int64_t{1} << 40;
+// Tile coordinates and row indices are 32-bit signed inside the kernels.
+inline constexpr int64_t kMaxDimension = std::numeric_limits<int32_t>::max();
+
+extern const char* const kDimNames[4];  // batch, seqlen, heads, headdim
+
+// Messages name the argument; with_call puts the public call's name in front.
+template <class... Parts>
+Status error(StatusCode code, Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return Status{code, os.str()};
+}
+
+template <class... Parts>
+Status invalid(Parts&&... parts) {
+  return error(StatusCode::kInvalidArgument, std::forward<Parts>(parts)...);
+}
+
+template <class... Parts>
+Status unsupported(Parts&&... parts) {
+  return error(StatusCode::kUnsupported, std::forward<Parts>(parts)...);
+}
+
+// "<call>: <message>" for an error; an ok Status as it is.
+Status with_call(const char* call, Status s);
+
+// Bytes per element; 0 for a value outside the enum.
+int64_t element_bytes(DType dtype);
+bool known_dtype(DType dtype);
+
+// Whether a call takes a tensor of this (known) dtype.
+using DTypeRule = Status (*)(const char* name, DType dtype);
+
+// float16 or bfloat16 (the input of quantize_fp8, the output of the FP8 forward).
+Status half_dtype(const char* name, DType dtype);
+// float8_e4m3 (the output of quantize_fp8).
+Status e4m3_dtype(const char* name, DType dtype);
+
+// Byte span [lo, hi) that a tensor's elements occupy; false if it overflows.
+bool byte_span(const Tensor& t, uint64_t* lo, uint64_t* hi);
+
+// One tensor on its own: pointer, dtype (known, and one `accepts` takes),
+// shape, strides, alignment.
+Status check_tensor(const char* name, const Tensor& t, DTypeRule accepts);
+
+// True if two distinct index tuples of `t` can reach the same element.
+bool self_overlapping(const Tensor& t);
+
+// Byte span [lo, hi) of something already checked not to overflow.
+struct Span {
+  uint64_t lo = 0;
+  uint64_t hi = 0;
+};
+
+Span span_of(const Tensor& t);
+bool intersect(const Span& a, const Span& b);
+bool spans_intersect(const Tensor& a, const Tensor& b);
+// Whether some element of a may be an element of b: their spans meet, and
+// they are not the side-by-side views of one packed buffer.
+bool elements_intersect(const Tensor& a, const Tensor& b);
+
+// The span of `count` floats at `data`; false if it passes the end of the
+// address space.
+bool float_span(const float* data, uint64_t count, Span* span);
+
+template <class T, size_t kN>
+bool one_of(const T (&set)[kN], int64_t d) {
+  for (T s : set) {
+    if (d == s) {
+      return true;
+    }
+  }
+  return false;
+}
+
+bool supported_headdim(int64_t d);
+
+// The (batch, seqlen, heads, headdim) sizes of a validated tensor into params.
+template <class Params>
+void set_dims(const Tensor& t, Params* p) {
+  p->batch = static_cast<int>(t.shape[0]);
+  p->seqlen = static_cast<int>(t.shape[1]);
+  p->heads = static_cast<int>(t.shape[2]);
+  p->headdim = static_cast<int>(t.shape[3]);
+}
+
+// The element strides the kernels use; size-1 dimensions get a harmless one.
+Strides3 strides_of(const Tensor& t);
+
+// t's batch and head dim equal q's.
+Status check_batch_and_headdim_match_q(const char* name, const Tensor& t, const Tensor& q);
+
+// ------------------------------------------------- shared by the attention calls
+
+// options.softmax_scale positive and finite, or 0.
+Status check_softmax_scale(float softmax_scale);
+// The scale the kernels use: softmax_scale, or 1/sqrt(headdim) for 0.
+float resolve_softmax_scale(float softmax_scale, int headdim);
+// batch * heads_q rows of log-sum-exp fit the kernels' 32-bit indices.
+Status check_lse_rows(const Tensor& q);
+
+// q's heads are a multiple of k's (GQA/MQA).
+Status check_heads(const Tensor& q, const Tensor& k);
+
+// out is shaped like q (seqlen, heads); q's heads are a multiple of k's.
+Status check_out_and_heads(const Tensor& q, const Tensor& k, const Tensor& out);
+
+// softmax_lse (optional) aligned, the scale, the number of lse rows.
+Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options);
+
+// The fields both forwards share (v's layout and the descales are the caller's).
+void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor& out,
+                  float* softmax_lse, const ForwardOptions& options, ForwardParams* p);
+
+}  // namespace flash3::detail::validation

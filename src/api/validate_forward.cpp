@@ -1,0 +1,82 @@
+// The argument checks of flash3::forward.
+#include "validate_common.hpp"
+
+namespace flash3::detail {
+namespace {
+
+using namespace validation;
+
+// q, k, v and out of the forward.
+Status forward_dtype(const char* name, DType dtype) {
+  if (dtype == DType::kFloat32) {
+    return invalid(name, ".dtype is float32; q, k, v and out must be float16 or bfloat16");
+  }
+  if (dtype == DType::kFloat8E4M3) {
+    return unsupported(name, ".dtype is float8_e4m3, which the forward does not support yet; "
+                       "use float16 or bfloat16");
+  }
+  return Status{};
+}
+
+Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     float* softmax_lse, const ForwardOptions& options, ForwardParams* params) {
+  const struct {
+    const char* name;
+    const Tensor& t;
+  } tensors[] = {{"q", q}, {"k", k}, {"v", v}, {"out", out}};
+  for (const auto& [name, t] : tensors) {
+    if (Status s = check_tensor(name, t, forward_dtype); !s.ok()) {
+      return s;
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    if (t.dtype != q.dtype) {
+      return invalid(name, ".dtype (", dtype_name(t.dtype), ") differs from q.dtype (",
+                     dtype_name(q.dtype), ")");
+    }
+  }
+  for (const auto& [name, t] : tensors) {
+    if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
+      return s;
+    }
+  }
+  if (!supported_headdim(q.shape[3])) {
+    return unsupported("headdim = ", q.shape[3], " is not supported; supported: 64, 128, 256");
+  }
+  if (v.shape[1] != k.shape[1]) {
+    return invalid("v.shape[1] (seqlen) = ", v.shape[1], " differs from k's ", k.shape[1]);
+  }
+  if (v.shape[2] != k.shape[2]) {
+    return invalid("v.shape[2] (heads) = ", v.shape[2], " differs from k's ", k.shape[2]);
+  }
+  if (Status s = check_out_and_heads(q, k, out); !s.ok()) {
+    return s;
+  }
+  if (self_overlapping(out)) {
+    return invalid("out's strides make elements overlap; out must not alias itself");
+  }
+  for (const auto& [name, t] : tensors) {
+    if (&t != &out && spans_intersect(out, t)) {
+      return invalid("out overlaps ", name, " in memory; the output must not alias an input");
+    }
+  }
+  if (Status s = check_lse_and_options(q, softmax_lse, options); !s.ok()) {
+    return s;
+  }
+
+  ForwardParams p;
+  fill_forward(q, k, v.data, out, softmax_lse, options, &p);
+  p.v_stride = strides_of(v);
+  *params = p;
+  return Status{};
+}
+
+}  // namespace
+
+Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        float* softmax_lse, const ForwardOptions& options,
+                        ForwardParams* params) {
+  return with_call(kForwardCall, check_forward(q, k, v, out, softmax_lse, options, params));
+}
+
+}  // namespace flash3::detail

@@ -1,0 +1,99 @@
+// The argument checks of flash3::quantize_fp8.
+#include "validate_common.hpp"
+
+namespace flash3::detail {
+namespace {
+
+using namespace validation;
+
+// One CTA quantizes a whole block of rows: larger blocks would leave most SMs idle.
+constexpr int64_t kMaxBlockRows = int64_t{1} << 20;
+
+// The `blocks_per_head` scales of each (batch, head) of x as a float32 tensor
+// (batch, heads, blocks, 1), for the span and overlap checks.
+Tensor descale_tensor(float* descale, const Tensor& x, int64_t blocks_per_head) {
+  Tensor t;
+  t.data = descale;
+  t.dtype = DType::kFloat32;
+  t.shape = {x.shape[0], x.shape[2], blocks_per_head, 1};
+  t.stride = {x.shape[2] * blocks_per_head, blocks_per_head, 1, 1};
+  return t;
+}
+
+Status check_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
+                      const QuantizeOptions& options, QuantizeParams* params) {
+  if (Status s = check_tensor("x", x, half_dtype); !s.ok()) {
+    return s;
+  }
+  if (Status s = check_tensor("x_fp8", x_fp8, e4m3_dtype); !s.ok()) {
+    return s;
+  }
+  if (x_fp8.shape != x.shape) {
+    return invalid("x_fp8.shape (", x_fp8.shape[0], ", ", x_fp8.shape[1], ", ", x_fp8.shape[2],
+                   ", ", x_fp8.shape[3], ") differs from x.shape (", x.shape[0], ", ", x.shape[1],
+                   ", ", x.shape[2], ", ", x.shape[3], ")");
+  }
+  if (!supported_headdim(x.shape[3])) {
+    return unsupported("headdim = ", x.shape[3], " is not supported; supported: 64, 128, 256");
+  }
+  if (options.block_rows < 1 || options.block_rows > kMaxBlockRows) {
+    return invalid("options.block_rows = ", options.block_rows, " must be in [1, ",
+                   kMaxBlockRows, "]");
+  }
+  if (descale == nullptr) {
+    return invalid("descale is null");
+  }
+  if (reinterpret_cast<uintptr_t>(descale) % alignof(float) != 0) {
+    return invalid("descale is not 4-byte aligned");
+  }
+  const int64_t blocks_per_head = (x.shape[1] + options.block_rows - 1) / options.block_rows;
+  const unsigned __int128 num_blocks =
+      static_cast<unsigned __int128>(x.shape[0] * x.shape[2]) * blocks_per_head;
+  if (num_blocks > kMaxDimension) {
+    return invalid("batch * heads * ceil(seqlen / block_rows) = ",
+                   static_cast<uint64_t>(num_blocks), " scales exceeds 2^31-1");
+  }
+  const Tensor scales = descale_tensor(descale, x, blocks_per_head);
+  uint64_t lo = 0, hi = 0;
+  if (!byte_span(scales, &lo, &hi)) {
+    return invalid("descale: its ", static_cast<uint64_t>(num_blocks),
+                   " floats address past the end of the address space");
+  }
+  if (self_overlapping(x_fp8)) {
+    return invalid("x_fp8's strides make elements overlap; x_fp8 must not alias itself");
+  }
+  if (spans_intersect(x_fp8, x)) {
+    return invalid("x_fp8 overlaps x in memory; the output must not alias the input");
+  }
+  if (spans_intersect(scales, x_fp8)) {
+    return invalid("descale overlaps x_fp8 in memory; the outputs must not alias each other");
+  }
+  if (spans_intersect(scales, x)) {
+    return invalid("descale overlaps x in memory; the output must not alias the input");
+  }
+
+  QuantizeParams p;
+  p.x = x.data;
+  p.x_fp8 = x_fp8.data;
+  p.descale = descale;
+  p.dtype = x.dtype;
+  set_dims(x, &p);
+  p.x_stride = strides_of(x);
+  p.x_fp8_stride = strides_of(x_fp8);
+  p.block_rows = options.block_rows;
+  p.blocks_per_head = static_cast<int>(blocks_per_head);
+  p.num_blocks = static_cast<int>(num_blocks);
+  p.hadamard = options.hadamard;
+  p.seed = options.seed;
+  *params = p;
+  return Status{};
+}
+
+}  // namespace
+
+Status validate_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
+                         const QuantizeOptions& options, QuantizeParams* params) {
+  return with_call(kQuantizeCall, check_quantize(x, x_fp8, descale, options, params));
+}
+
+}  // namespace flash3::detail

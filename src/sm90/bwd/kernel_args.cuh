@@ -1,0 +1,75 @@
+// What the backward kernels receive, and the main kernel's shared memory.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "sm90/common/sync.cuh"
+#include "sm90/common/wgmma.cuh"
+
+namespace flash3::sm90::bwd {
+
+// The main kernel's parameters (a __grid_constant__: TMA reads the maps
+// from parameter space). Grid: (key block, query head, batch).
+struct KernelArgs {
+  CUtensorMap q;     // box (64 cols, kBlockM rows)
+  CUtensorMap dout;  // box (64 cols, kBlockM rows)
+  CUtensorMap k;     // box (64 cols, kBlockN rows)
+  CUtensorMap v;     // box (64 cols, kBlockN rows)
+  // dK, dV straight from registers (heads_q == heads_k), strided in elements;
+  // or with GQA, fp32 sums into dk_accum / dv_accum (workspace.hpp).
+  void* dk;
+  void* dv;
+  int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
+  int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
+  float* dk_accum;
+  float* dv_accum;
+  // Workspace (workspace.hpp): per (batch, head_q) padded rows.
+  float* dq_accum;
+  const float* lse_log2;
+  const float* dpsum;
+  int* dq_semaphore;   // deterministic: per (batch, head_q, query block)
+  int* dkv_semaphore;  // deterministic GQA: per (batch, head_k, key block)
+  int seqlen_q;
+  int seqlen_k;
+  int heads_q;
+  int heads_per_kv_head;
+  int num_m_blocks;
+  int num_n_blocks;
+  int padded_seqlen_q;
+  float softmax_scale;
+  float scale_log2;  // softmax_scale * log2(e)
+  bool deterministic;
+};
+
+template <class T>
+struct SharedStorage {
+  using Element = typename T::Element;
+  alignas(kSwizzleAtomBytes) Element k[T::kBlockN * T::kHeadDim];
+  alignas(kSwizzleAtomBytes) Element v[T::kBlockN * T::kHeadDim];
+  alignas(kSwizzleAtomBytes) Element q[T::kStages][T::kBlockM * T::kHeadDim];
+  alignas(kSwizzleAtomBytes) Element dout[T::kStages][T::kBlockM * T::kHeadDim];
+  // dS^T (rows: the CTA's keys; columns: the step's queries), two steps deep
+  // so that a warpgroup writes step i's while the other may still read step
+  // i - 1's in its dQ GEMM.
+  alignas(kSwizzleAtomBytes) Element ds[2][T::kBlockN * T::kBlockM];
+  alignas(128) float dq[T::kDqTileFloats];  // in the workspace's thread order
+  alignas(16) float lse_log2[T::kStages][T::kBlockM];
+  alignas(16) float dpsum[T::kStages][T::kBlockM];
+  Mbarrier kv_full;
+  Mbarrier q_full[T::kStages];  // Q and its rows' log-sum-exps landed
+  Mbarrier q_empty[T::kStages];
+  Mbarrier do_full[T::kStages];  // dO and its rows' sums landed
+  Mbarrier do_empty[T::kStages];
+};
+
+inline constexpr int kSmemAlignSlack = kSwizzleAtomBytes;
+inline constexpr int kMaxSmemPerBlock = 227 * 1024;
+
+template <class T>
+constexpr int shared_storage_bytes() {
+  return static_cast<int>(sizeof(SharedStorage<T>)) + kSmemAlignSlack;
+}
+
+}  // namespace flash3::sm90::bwd

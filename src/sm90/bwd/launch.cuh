@@ -1,0 +1,203 @@
+// Host side of one backward instantiation: the workspace, the pre-pass, the
+// main kernel and the post-passes, in stream order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <climits>
+#include <string>
+
+#include "api/dispatch.hpp"
+#include "api/workspace.hpp"
+#include "kernel.cuh"
+#include "postpass.cuh"
+#include "prepass.cuh"
+#include "sm90/common/launch.hpp"
+#include "sm90/common/tensor_map.hpp"
+#include "workspace.hpp"
+
+namespace flash3::detail {
+
+namespace bwd_launch {
+
+inline Status cuda_failure(const char* what, cudaError_t err) {
+  return {StatusCode::kCudaError, std::string(kBackwardCall) + ": " + what + " failed: " +
+                                      cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+}
+
+// The caller's workspace, or this stream's (not while it is captured).
+inline Status workspace_of(const BackwardParams& p, size_t bytes, cudaStream_t stream,
+                           uint8_t** ws) {
+  if (p.workspace != nullptr) {
+    *ws = static_cast<uint8_t*>(p.workspace);
+    return {};
+  }
+  *ws = static_cast<uint8_t*>(
+      stream_workspace(p.device, stream, bytes, 0, WorkspaceUse::kBackward));
+  if (*ws == nullptr) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    const bool capturing = cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+                           capture != cudaStreamCaptureStatusNone;
+    (void)cudaGetLastError();
+    return {capturing ? StatusCode::kInvalidArgument : StatusCode::kCudaError,
+            std::string(kBackwardCall) +
+                (capturing ? ": options.workspace is null while the stream is being captured "
+                             "into a CUDA graph; pass a workspace of backward_workspace_size() "
+                             "bytes"
+                           : ": could not allocate the workspace (" + std::to_string(bytes) +
+                                 " bytes)")};
+  }
+  return {};
+}
+
+template <class T, bool kCausal>
+Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w, uint8_t* ws,
+                   cudaStream_t stream) {
+  constexpr int kSmemBytes = sm90::bwd::shared_storage_bytes<T>();
+  static_assert(kSmemBytes <= sm90::bwd::kMaxSmemPerBlock, "shared memory budget exceeded");
+  sm90::bwd::KernelArgs args{};
+  const TensorMapShape q{p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_stride};
+  const TensorMapShape dout{p.dout, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+                            p.dout_stride};
+  const TensorMapShape k{p.k, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_stride};
+  const TensorMapShape v{p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_stride};
+  constexpr int kCols = T::kSwizzleCols;
+  for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
+                   make_tensor_map(dout, kCols, T::kBlockM, &args.dout),
+                   make_tensor_map(k, kCols, T::kBlockN, &args.k),
+                   make_tensor_map(v, kCols, T::kBlockN, &args.v)}) {
+    if (!s.ok()) {
+      return s;
+    }
+  }
+  args.dk = p.dk;
+  args.dv = p.dv;
+  args.dk_batch_stride = p.dk_stride.batch;
+  args.dk_seq_stride = p.dk_stride.seq;
+  args.dk_head_stride = p.dk_stride.head;
+  args.dv_batch_stride = p.dv_stride.batch;
+  args.dv_seq_stride = p.dv_stride.seq;
+  args.dv_head_stride = p.dv_stride.head;
+  args.dk_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dk_accum) : nullptr;
+  args.dv_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dv_accum) : nullptr;
+  args.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  args.lse_log2 = reinterpret_cast<const float*>(ws + w.lse_log2);
+  args.dpsum = reinterpret_cast<const float*>(ws + w.dpsum);
+  args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(ws + w.dq_semaphore) : nullptr;
+  args.dkv_semaphore =
+      p.deterministic && w.gqa ? reinterpret_cast<int*>(ws + w.dkv_semaphore) : nullptr;
+  args.seqlen_q = p.seqlen_q;
+  args.seqlen_k = p.seqlen_k;
+  args.heads_q = p.heads_q;
+  args.heads_per_kv_head = p.heads_q / p.heads_k;
+  args.num_m_blocks = w.num_m_blocks;
+  args.num_n_blocks = w.num_n_blocks;
+  args.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
+  args.softmax_scale = p.softmax_scale;
+  args.scale_log2 = p.softmax_scale * sm90::kLog2e;
+  args.deterministic = p.deterministic;
+
+  constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal>;
+  const KernelSetup setup = setup_kernel<kernel, 1>(T::kThreads, kSmemBytes, p.device);
+  if (setup.err != cudaSuccess) {
+    return cuda_failure("setting up the kernel", setup.err);
+  }
+  kernel<<<dim3(w.num_n_blocks, p.heads_q, p.batch), T::kThreads, kSmemBytes, stream>>>(args);
+  return {};
+}
+
+}  // namespace bwd_launch
+
+template <DType kDType, int kHeadDim>
+Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
+  using T = sm90::bwd::Traits<kDType, kHeadDim>;
+  const auto w = sm90::bwd::WorkspaceLayout::of(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q,
+                                                p.heads_k, p.headdim, p.deterministic);
+  if (w.padded_seqlen_q > INT_MAX || p.batch > 65535 || p.heads_q > 65535) {
+    return {StatusCode::kInvalidArgument,
+            std::string(kBackwardCall) + ": batch and heads_q must be at most 65535 and " +
+                "seqlen_q rounded up to " + std::to_string(T::kBlockM) + " at most 2^31-1"};
+  }
+  uint8_t* ws = nullptr;
+  if (Status s = bwd_launch::workspace_of(p, w.bytes, stream, &ws); !s.ok()) {
+    return s;
+  }
+  cudaError_t err = cudaSuccess;
+  // Sums that start at zero: GQA's dK / dV, and the deterministic turns.
+  if (w.gqa) {
+    err = cudaMemsetAsync(ws + w.dk_accum, 0, w.dv_accum - w.dk_accum, stream);
+    if (err == cudaSuccess) {
+      err = cudaMemsetAsync(ws + w.dv_accum, 0, w.dv_accum - w.dk_accum, stream);
+    }
+  }
+  if (err == cudaSuccess && p.deterministic) {
+    err = cudaMemsetAsync(ws + w.dq_semaphore, 0, w.bytes - w.dq_semaphore, stream);
+  }
+  if (err != cudaSuccess) {
+    return bwd_launch::cuda_failure("zeroing the workspace", err);
+  }
+
+  const dim3 row_blocks(w.num_m_blocks, p.heads_q, p.batch);
+  sm90::bwd::PrepassArgs pre{};
+  pre.out = p.out;
+  pre.dout = p.dout;
+  pre.out_batch_stride = p.out_stride.batch;
+  pre.out_seq_stride = p.out_stride.seq;
+  pre.out_head_stride = p.out_stride.head;
+  pre.dout_batch_stride = p.dout_stride.batch;
+  pre.dout_seq_stride = p.dout_stride.seq;
+  pre.dout_head_stride = p.dout_stride.head;
+  pre.lse = p.softmax_lse;
+  pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
+  pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
+  pre.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  pre.seqlen_q = p.seqlen_q;
+  pre.heads_q = p.heads_q;
+  pre.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
+  sm90::bwd::prepass_kernel<T><<<row_blocks, sm90::bwd::kPrepassThreads, 0, stream>>>(pre);
+
+  Status s = p.causal ? bwd_launch::launch_main<T, true>(p, w, ws, stream)
+                      : bwd_launch::launch_main<T, false>(p, w, ws, stream);
+  if (!s.ok()) {
+    return s;
+  }
+
+  sm90::bwd::PostpassArgs post{};
+  post.dq_accum = reinterpret_cast<const float*>(ws + w.dq_accum);
+  post.dq = p.dq;
+  post.dq_batch_stride = p.dq_stride.batch;
+  post.dq_seq_stride = p.dq_stride.seq;
+  post.dq_head_stride = p.dq_stride.head;
+  post.seqlen_q = p.seqlen_q;
+  post.heads_q = p.heads_q;
+  post.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
+  post.softmax_scale = p.softmax_scale;
+  sm90::bwd::dq_postpass_kernel<T><<<row_blocks, sm90::bwd::kPostpassThreads, 0, stream>>>(post);
+
+  if (w.gqa) {
+    sm90::bwd::DkvPostpassArgs kv{};
+    kv.dk_accum = reinterpret_cast<const float*>(ws + w.dk_accum);
+    kv.dv_accum = reinterpret_cast<const float*>(ws + w.dv_accum);
+    kv.dk = p.dk;
+    kv.dv = p.dv;
+    kv.dk_batch_stride = p.dk_stride.batch;
+    kv.dk_seq_stride = p.dk_stride.seq;
+    kv.dk_head_stride = p.dk_stride.head;
+    kv.dv_batch_stride = p.dv_stride.batch;
+    kv.dv_seq_stride = p.dv_stride.seq;
+    kv.dv_head_stride = p.dv_stride.head;
+    kv.seqlen_k = p.seqlen_k;
+    kv.heads_k = p.heads_k;
+    kv.quads = static_cast<int64_t>(p.batch) * p.heads_k * p.seqlen_k * p.headdim / 4;
+    const int64_t blocks = (kv.quads + sm90::bwd::kPostpassThreads - 1) / sm90::bwd::kPostpassThreads;
+    const int grid = static_cast<int>(blocks < 8 * p.num_sms ? blocks : 8 * p.num_sms);
+    sm90::bwd::dkv_postpass_kernel<T><<<grid, sm90::bwd::kPostpassThreads, 0, stream>>>(kv);
+  }
+  err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return bwd_launch::cuda_failure("launch", err);
+  }
+  return {};
+}
+
+}  // namespace flash3::detail

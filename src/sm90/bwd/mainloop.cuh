@@ -1,0 +1,321 @@
+// The backward mainloop of one CTA (one key block of one query head): the
+// producer's loads, the dQ writer's reduce-adds, and a consumer warpgroup's
+// GEMMs over the query blocks that see the key block.
+//
+// Per query block m, a consumer warpgroup (64 of the CTA's keys) computes,
+// with scores transposed (rows = keys) so that P^T and dS^T come out of the
+// accumulators already as the A operands of the dV and dK GEMMs:
+//   S^T = K Q^T, dP^T = V dO^T                       (both operands in smem)
+//   P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T (dP^T - rowsum(dO O))
+//   dV += P^T dO, dK += dS^T Q                       (A from registers)
+//   dS^T -> smem; dQ_m = dS K (both warpgroups' keys; A, B in smem)
+//   dQ_m -> smem -> the dQ writer's bulk reduce-add into the fp32 workspace.
+#pragma once
+
+#include <cstdint>
+
+#include "kernel_args.cuh"
+#include "sm90/common/fragment.cuh"
+#include "sm90/common/mask.cuh"
+#include "sm90/common/math.cuh"
+#include "sm90/common/sync.cuh"
+#include "sm90/common/tma.cuh"
+#include "sm90/common/wgmma.cuh"
+#include "traits.cuh"
+
+namespace flash3::sm90::bwd {
+
+// Deterministic mode: the writers of one sum take turns in a fixed order
+// through a counter in global memory. The waiter acquires the counter, then
+// orders its next bulk (async-proxy) operation after that acquire; the
+// signaller orders its completed bulk operations before the release.
+__device__ inline void semaphore_wait(const int* sem, int value) {
+  int seen;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+    if (seen == value) {
+      break;
+    }
+    __nanosleep(32);
+  }
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+__device__ inline void semaphore_signal(int* sem, int value) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(value) : "memory");
+}
+
+template <class T, bool kCausal>
+struct Mainloop {
+  using Element = typename T::Element;
+  using Pipeline = PipelineState<T::kStages>;
+  static constexpr int kBlockM = T::kBlockM;
+  static constexpr int kBlockN = T::kBlockN;
+  static constexpr int kHeadDim = T::kHeadDim;
+  static constexpr int kSwizzleCols = T::kSwizzleCols;
+  // The dQ hand-off joins the consumers and the writer warp.
+  static constexpr uint32_t kDqSyncThreads = T::kConsumerThreads + 32;
+
+  SharedStorage<T>& smem;
+  const KernelArgs& args;
+  const Mask<kBlockM, kBlockN, kCausal> mask;
+  int n_block, head, batch, head_kv;
+  int m_begin, m_end;  // the query blocks that see this key block
+
+  // Offset of (batch, head)'s first row in the padded per-row arrays.
+  __device__ int64_t row_base() const {
+    return (static_cast<int64_t>(batch) * args.heads_q + head) * args.padded_seqlen_q;
+  }
+
+  // ---------------------------------------------------------------- producer (one thread)
+  __device__ void load_all() {
+    smem.kv_full.arrive_expect_tx(2 * T::kKVTileBytes);
+#pragma unroll
+    for (int b = 0; b < T::kColBlocks; ++b) {
+      tma_load(&args.k, &smem.kv_full.word, smem.k + b * kBlockN * kSwizzleCols,
+               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+      tma_load(&args.v, &smem.kv_full.word, smem.v + b * kBlockN * kSwizzleCols,
+               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+    }
+    Pipeline pipe;
+    for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
+      const int64_t rows = row_base() + m * kBlockM;
+      smem.q_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds it free
+      load_rows(&args.q, smem.q_full[pipe.stage], smem.q[pipe.stage],
+                smem.lse_log2[pipe.stage], args.lse_log2 + rows, m);
+      smem.do_empty[pipe.stage].wait(pipe.phase ^ 1u);
+      load_rows(&args.dout, smem.do_full[pipe.stage], smem.dout[pipe.stage],
+                smem.dpsum[pipe.stage], args.dpsum + rows, m);
+    }
+  }
+  // A Q or dO tile of query block m and its rows' statistic.
+  __device__ void load_rows(const CUtensorMap* map, Mbarrier& full, Element* tile, float* stat,
+                            const float* stat_src, int m) {
+    full.arrive_expect_tx(T::kQTileBytes + T::kRowBytes);
+#pragma unroll
+    for (int b = 0; b < T::kColBlocks; ++b) {
+      tma_load(map, &full.word, tile + b * kBlockM * kSwizzleCols, b * kSwizzleCols,
+               m * kBlockM, head, batch);
+    }
+    bulk_load(&full.word, stat, stat_src, T::kRowBytes);
+  }
+
+  // ---------------------------------------------------------------- dQ writer (one warp)
+  // Deterministic mode: this key block's place among the key blocks that add
+  // into query block m, which are 0 .. n_block_end(m) - 1 (m_block_begin
+  // grows with n). Non-causal: in order of n, as the CTAs start. Causal: from
+  // the last down, since key block n starts at query block m_block_begin(n)
+  // and so reaches block m after key block n + 1 does; the launch then starts
+  // the CTAs in that order too (kernel.cuh: key_block_of), so that no CTA
+  // waits for one that cannot start.
+  __device__ int dq_turn(int m) const {
+    return kCausal ? mask.n_block_end(m) - 1 - n_block : n_block;
+  }
+
+  // Per query block: waits for the consumers' dQ tile, adds it into the
+  // workspace (deterministic: after the key blocks before this one, in
+  // order), and frees the tile once the bulk operation has read it.
+  __device__ void write_dq_all() {
+    const bool leader = threadIdx.x % 32 == 0;
+    if (m_begin < m_end) {
+      named_barrier_arrive(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+    }
+    for (int m = m_begin; m < m_end; ++m) {
+      named_barrier_sync(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+      int* sem = args.dq_semaphore +
+                 (static_cast<int64_t>(batch) * args.heads_q + head) * args.num_m_blocks + m;
+      const int turn = dq_turn(m);
+      if (leader) {
+        if (args.deterministic) {
+          semaphore_wait(sem, turn);
+        }
+        bulk_reduce_add_f32(args.dq_accum + (row_base() + m * kBlockM) * kHeadDim, smem.dq,
+                            T::kDqTileFloats * sizeof(float));
+        tma_store_commit();
+        tma_store_wait_read();
+      }
+      __syncwarp();
+      if (m + 1 < m_end) {
+        named_barrier_arrive(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+      }
+      if (args.deterministic && leader) {
+        tma_store_wait_all();
+        semaphore_signal(sem, turn + 1);
+      }
+    }
+    if (leader) {
+      tma_store_wait_all();
+    }
+  }
+
+  // ---------------------------------------------------------------- consumer (one warpgroup)
+  // acc (64 keys x kBlockM queries) = A (this warpgroup's 64 rows of K or V)
+  // times B^T (Q or dO): both K-major.
+  __device__ void gemm_transposed_scores(uint32_t a_addr, uint32_t b_addr,
+                                         float (&acc)[T::kSAccRegs]) {
+    fence_operands(acc);
+    mma_fence();
+    const auto a = desc_k_major<false>(a_addr);
+    const auto b = desc_k_major<false>(b_addr);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / kMmaK16; ++kk) {
+      const int block = kk / (kSwizzleCols / kMmaK16);
+      const int offset = (kk % (kSwizzleCols / kMmaK16)) * kMmaKBytes;
+      mma_ss<Element, kBlockM, gmma::Major::K>(a.at(block * kBlockN * kSwizzleRowBytes + offset),
+                                               b.at(block * kBlockM * kSwizzleRowBytes + offset),
+                                               acc, kk > 0);
+    }
+    mma_commit();
+    fence_operands(acc);
+  }
+
+  // acc (64 keys x headdim) += A (registers: P^T or dS^T, 64 keys x kBlockM)
+  // times B (dO or Q: rows are queries, the reduction; MN-major).
+  __device__ void gemm_accumulate_kv(const uint32_t (&a)[T::kPRegs], uint32_t b_addr,
+                                     float (&acc)[T::kDkvAccRegs]) {
+    fence_operands(acc);
+    mma_fence();
+    const auto b = desc_mn_major<false>(b_addr, kBlockM * kSwizzleRowBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
+      mma_rs<Element, kHeadDim, gmma::Major::MN>(&a[4 * kk], b.at(kk * kMmaK16 * kSwizzleRowBytes),
+                                                 acc);
+    }
+    fence_operands(acc);
+  }
+
+  // dq (every 64-row group of the kBlockM x headdim tile, this warpgroup's
+  // kDqCols columns) = dS (A: the dS^T tile read MN-major) times K (B:
+  // MN-major), reducing over all kBlockN keys of the CTA.
+  __device__ void gemm_dq(uint32_t ds_addr, int warpgroup,
+                          float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
+    mma_fence();
+    const int col0 = warpgroup * T::kDqCols;
+    const auto b = desc_mn_major<false>(smem_u32(smem.k) +
+                                            (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes +
+                                            (col0 % kSwizzleCols) * T::kElementBytes,
+                                        kBlockN * kSwizzleRowBytes);
+#pragma unroll
+    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+      const auto a = desc_mn_major<false>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+                                          kBlockN * kSwizzleRowBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
+        const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
+        mma_ss<Element, T::kDqCols, gmma::Major::MN, T::kDqAccRegs, gmma::Major::MN>(
+            a.at(step), b.at(step), dq[rg], kk > 0);
+      }
+    }
+    mma_commit();
+  }
+
+  // dS^T (this warpgroup's 64 keys) into the dS^T tile, with stmatrix: two
+  // 8-column groups of the warp's 16 rows at a time (as the forward stages O).
+  __device__ void store_ds(const uint32_t (&ds)[T::kPRegs], Element* tile, int key_row0) {
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int st_row = key_row0 - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);
+    const uint32_t base = smem_u32(tile);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; j += 2) {
+      stmatrix_x4(base + tile_offset16<kBlockN>(st_row, 8 * (j + lane / 16)), ds[2 * j],
+                  ds[2 * j + 1], ds[2 * j + 2], ds[2 * j + 3]);
+    }
+  }
+
+  // This warpgroup's dQ registers into the staging tile, in the workspace's
+  // order: float4 chunk c of thread t of warpgroup w at ((w * chunks + c) *
+  // 128 + t) * 4 (postprocess.cuh reads it back).
+  __device__ void stage_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup) {
+    constexpr int kChunks = T::kDqRowGroups * T::kDqAccRegs / 4;
+    const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
+    float4* staging = reinterpret_cast<float4*>(smem.dq);
+#pragma unroll
+    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+#pragma unroll
+      for (int c = 0; c < T::kDqAccRegs / 4; ++c) {
+        const int chunk = rg * (T::kDqAccRegs / 4) + c;
+        staging[(warpgroup * kChunks + chunk) * T::kWarpgroupThreads + t] =
+            make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2], dq[rg][4 * c + 3]);
+      }
+    }
+  }
+
+  // Every query block of the CTA's key block; dk and dv accumulate (dK
+  // without the softmax scale).
+  __device__ void compute(int warpgroup, float (&dk)[T::kDkvAccRegs],
+                          float (&dv)[T::kDkvAccRegs]) {
+    const FragmentCoord c = FragmentCoord::current();
+    const int key_row0 = warpgroup * kMmaM + c.warp * 16 + c.row;  // in the CTA's block
+    const uint32_t k_addr = smem_u32(smem.k) + warpgroup * kMmaM * kSwizzleRowBytes;
+    const uint32_t v_addr = smem_u32(smem.v) + warpgroup * kMmaM * kSwizzleRowBytes;
+    smem.kv_full.wait(0);
+    Pipeline pipe;
+    for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
+      const int stage = pipe.stage;
+      float s[T::kSAccRegs], dp[T::kSAccRegs];
+      smem.q_full[stage].wait(pipe.phase);
+      gemm_transposed_scores(k_addr, smem_u32(smem.q[stage]), s);
+      smem.do_full[stage].wait(pipe.phase);
+      gemm_transposed_scores(v_addr, smem_u32(smem.dout[stage]), dp);
+
+      mma_wait<1>();  // S^T
+      fence_operands(s);
+      if (mask.needs_mask(m, n_block)) {
+        mask.apply_transposed(s, n_block * kBlockN + key_row0, m * kBlockM + c.col);
+      }
+      // P^T: each column (query) has its own log-sum-exp.
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        const float2 lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + c.col]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], args.scale_log2, (e & 1) ? -lse.y : -lse.x));
+        }
+      }
+      mma_wait<0>();  // dP^T
+      fence_operands(dp);
+#pragma unroll
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        const float2 dsum = *reinterpret_cast<const float2*>(&smem.dpsum[stage][8 * j + c.col]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dsum.y : dsum.x));
+        }
+      }
+      uint32_t p16[T::kPRegs], ds16[T::kPRegs];
+#pragma unroll
+      for (int i = 0; i < T::kPRegs; ++i) {
+        p16[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
+        ds16[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
+      }
+      gemm_accumulate_kv(p16, smem_u32(smem.dout[stage]), dv);
+      gemm_accumulate_kv(ds16, smem_u32(smem.q[stage]), dk);
+      mma_commit();
+
+      Element* ds_tile = smem.ds[(m - m_begin) & 1];
+      store_ds(ds16, ds_tile, key_row0);
+      fence_view_async_shared();
+      named_barrier_sync(NamedBarrier::kBwdDsReady, T::kConsumerThreads);
+      float dq[T::kDqRowGroups][T::kDqAccRegs];
+      gemm_dq(smem_u32(ds_tile), warpgroup, dq);
+      mma_wait<0>();
+      fence_operands(dv);
+      fence_operands(dk);
+      fence_operands(p16);
+      fence_operands(ds16);
+#pragma unroll
+      for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+        fence_operands(dq[rg]);
+      }
+      smem.q_empty[stage].arrive();
+      smem.do_empty[stage].arrive();
+
+      named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+      stage_dq(dq, warpgroup);
+      fence_view_async_shared();
+      named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+    }
+  }
+};
+
+}  // namespace flash3::sm90::bwd

@@ -1,0 +1,80 @@
+// The backward's pre-pass, per (query block, head, batch): each row's
+// rowsum(dO * O) in fp32 and its log-sum-exp times log2(e) into the
+// workspace's padded row arrays, and the block's fp32 dQ sums zeroed.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "sm90/common/fragment.cuh"
+#include "sm90/common/math.cuh"
+#include "traits.cuh"
+
+namespace flash3::sm90::bwd {
+
+struct PrepassArgs {
+  const void* out;
+  const void* dout;
+  int64_t out_batch_stride, out_seq_stride, out_head_stride;  // elements
+  int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
+  const float* lse;  // (batch, heads_q, seqlen_q)
+  float* lse_log2;   // (batch, heads_q, padded_seqlen_q)
+  float* dpsum;
+  float* dq_accum;   // (batch, heads_q, padded_seqlen_q, headdim)
+  int seqlen_q;
+  int heads_q;
+  int padded_seqlen_q;
+};
+
+inline constexpr int kPrepassThreads = 256;
+
+template <class T>
+__global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassArgs args) {
+  using Element = typename T::Element;
+  constexpr int kThreadsPerRow = T::kHeadDim / 8;  // 16 bytes each
+  constexpr int kRowsPerPass = kPrepassThreads / kThreadsPerRow;
+  const int m_block = static_cast<int>(blockIdx.x);
+  const int head = static_cast<int>(blockIdx.y);
+  const int batch = static_cast<int>(blockIdx.z);
+  const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
+  const int64_t rows = (static_cast<int64_t>(batch) * args.heads_q + head) * args.padded_seqlen_q;
+  for (int r = static_cast<int>(threadIdx.x) / kThreadsPerRow; r < T::kBlockM; r += kRowsPerPass) {
+    const int row = m_block * T::kBlockM + r;
+    float sum = 0.0f;
+    if (row < args.seqlen_q) {
+      const uint4 o = *reinterpret_cast<const uint4*>(
+          static_cast<const Element*>(args.out) + batch * args.out_batch_stride +
+          row * args.out_seq_stride + head * args.out_head_stride + part * 8);
+      const uint4 d = *reinterpret_cast<const uint4*>(
+          static_cast<const Element*>(args.dout) + batch * args.dout_batch_stride +
+          row * args.dout_seq_stride + head * args.dout_head_stride + part * 8);
+      const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 of = unpack2<Element>(ow[i]), df = unpack2<Element>(dw[i]);
+        sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+      }
+    }
+#pragma unroll
+    for (int lanes = kThreadsPerRow / 2; lanes > 0; lanes /= 2) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, lanes);
+    }
+    if (part == 0) {
+      float lse_log2 = INFINITY;  // P = 0: padding, and rows that see no key (+inf)
+      if (row < args.seqlen_q) {
+        const float lse =
+            args.lse[(static_cast<int64_t>(batch) * args.heads_q + head) * args.seqlen_q + row];
+        lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      }
+      args.lse_log2[rows + row] = lse_log2;
+      args.dpsum[rows + row] = sum;
+    }
+  }
+  float4* dq = reinterpret_cast<float4*>(args.dq_accum +
+                                         (rows + m_block * T::kBlockM) * T::kHeadDim);
+  for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4; i += kPrepassThreads) {
+    dq[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
+}  // namespace flash3::sm90::bwd

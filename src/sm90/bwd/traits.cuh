@@ -1,0 +1,85 @@
+// The one table of backward-kernel choices per head dim, and every size
+// derived from it.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+#include "flash3/flash3.hpp"
+#include "sm90/common/element.cuh"
+#include "sm90/common/wgmma.cuh"
+#include "workspace.hpp"
+
+namespace flash3::sm90::bwd {
+
+// kBlockN: key rows per CTA, 64 per consumer warpgroup, whose dK and dV
+//          (64 x headdim fp32 each) stay in registers across the query blocks.
+// kBlockM: query rows per step; S^T and dP^T are 64 keys x kBlockM per
+//          warpgroup (kBlockM / 2 floats per thread each).
+// kStages: depth of the Q and dO rings.
+// Shared memory: K and V (kBlockN x D each), kStages x (Q, dO) tiles of
+// kBlockM x D, two dS^T tiles of kBlockN x kBlockM, the fp32 dQ tile
+// (kBlockM x D), and per stage kBlockM log-sum-exps and dO.O row sums.
+template <int kHeadDim>
+struct TileConfig;
+template <>
+struct TileConfig<64> {
+  static constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
+};
+template <>
+struct TileConfig<128> {
+  // 32 + 32 KB K, V + 2 x (16 + 16) KB Q, dO + 2 x 16 KB dS + 32 KB dQ = 192 KB.
+  static constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
+};
+
+template <DType kDType, int kHeadDim_>
+struct Traits {
+  using Config = TileConfig<kHeadDim_>;
+  using Element = typename ElementOf<kDType>::type;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Config::kBlockM;
+  static constexpr int kBlockN = Config::kBlockN;
+  static constexpr int kStages = Config::kStages;
+  static_assert(kBlockM == block_m(kHeadDim) && kBlockN == block_n(kHeadDim),
+                "workspace.hpp sizes the workspace with these tiles");
+
+  // Warp roles: warpgroup 0 holds the producer warp (TMA loads) and the dQ
+  // writer warp (bulk reduce-adds of dQ); the others each own 64 keys.
+  static constexpr int kWarpgroupThreads = 128;
+  static constexpr int kConsumerWarpgroups = kBlockN / kMmaM;
+  static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
+  static constexpr int kThreads = kWarpgroupThreads + kConsumerThreads;
+  static constexpr int kRegistersPerSm = 65536;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters =
+      (kRegistersPerSm - kProducerRegisters * kWarpgroupThreads) / kConsumerThreads / 8 * 8;
+  static constexpr int kLaunchRegisters = kRegistersPerSm / kThreads / 8 * 8;
+  static_assert(kConsumerWarpgroups == 2, "one producer and two consumer warpgroups");
+  static_assert((kLaunchRegisters - kProducerRegisters) * kWarpgroupThreads >=
+                    (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
+                "setmaxnreg: the producer must release what the consumers take");
+
+  static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
+  static constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;
+  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
+  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr int kRowBytes = kBlockM * static_cast<int>(sizeof(float));  // LSE or dpsum
+
+  // Per consumer thread: S^T, dP^T (64 keys x kBlockM), their 16-bit forms
+  // as A fragments, and dK, dV (64 keys x headdim).
+  static constexpr int kSAccRegs = kBlockM / 2;
+  static constexpr int kPRegs = kSAccRegs / 2;
+  static constexpr int kDkvAccRegs = kHeadDim / 2;
+  // dQ (kBlockM x headdim) of a step: each consumer warpgroup computes
+  // kDqCols columns of every 64-row group of it.
+  static constexpr int kDqRowGroups = kBlockM / kMmaM;
+  static constexpr int kDqCols = kHeadDim / kConsumerWarpgroups;
+  static constexpr int kDqAccRegs = kDqCols / 2;  // per row group
+  static constexpr int kDqTileFloats = kBlockM * kHeadDim;
+
+  static_assert(kHeadDim % kSwizzleCols == 0 && kBlockM % kSwizzleCols == 0,
+                "tiles fill whole swizzle rows");
+  static_assert(kDqAccRegs % 4 == 0, "dQ leaves in float4 chunks");
+};
+
+}  // namespace flash3::sm90::bwd
