@@ -23,7 +23,7 @@ template <int kHeadDim>
 struct TileConfig;
 template <>
 struct TileConfig<64> {
-  static constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
+  static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
 };
 template <>
 struct TileConfig<128> {

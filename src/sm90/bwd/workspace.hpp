@@ -10,7 +10,7 @@ namespace flash3::sm90::bwd {
 
 // Query rows per step and key rows per CTA of the backward kernel, per head
 // dim (traits.cuh checks its tile configs against these).
-constexpr int block_m(int headdim) { return headdim <= 128 ? 64 : 64; }
+constexpr int block_m(int headdim) { return headdim <= 64 ? 128 : 64; }
 constexpr int block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
 
 // Byte offsets into the workspace, each region 256-byte aligned:
