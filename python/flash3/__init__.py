@@ -1,4 +1,5 @@
-"""flash3: FlashAttention-3 forward for NVIDIA Hopper, called from PyTorch.
+"""flash3: FlashAttention-3 for NVIDIA Hopper, called from PyTorch (forward, and backward
+through autograd for float16/bfloat16, head dims 64 and 128).
 
 A thin ctypes layer over libflash3.so (the C ABI in include/flash3/flash3.h); nothing
 is compiled against PyTorch. `import flash3` needs neither PyTorch nor the library:
@@ -7,6 +8,7 @@ and a missing one raises flash3.LibraryNotFoundError saying how to build or poin
 
     from flash3 import flash_attn_func   # or: from flash3.flash_attn_interface import ...
     out = flash_attn_func(q, k, v, causal=True)
+    out.sum().backward()   # dq, dk, dv; flash_attn_func(..., deterministic=True) for bitwise repeats
 """
 from ._lib import LibraryNotFoundError
 
