@@ -1,4 +1,4 @@
-// FastDivisor (src/api/params.hpp): the kernels' multiply-high division by a
+// FastDivisor (src/sm90/problem.hpp): the kernels' multiply-high division by a
 // runtime block size must equal integer division over the kernels' range.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "src/api/params.hpp"
+#include "src/sm90/problem.hpp"
 
 namespace {
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "flash3/flash3.hpp"
-#include "params.hpp"
+#include "sm90/problem.hpp"
 
 namespace flash3::detail {
 

@@ -7,7 +7,7 @@
 #include <cstddef>
 
 #include "flash3/flash3.hpp"
-#include "params.hpp"
+#include "sm90/problem.hpp"
 
 namespace flash3::detail {
 

@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "flash3/flash3.hpp"
-#include "params.hpp"
+#include "sm90/problem.hpp"
 #include "validate.hpp"
 
 namespace flash3::detail::validation {

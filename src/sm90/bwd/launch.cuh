@@ -7,8 +7,8 @@
 #include <climits>
 #include <string>
 
-#include "api/dispatch.hpp"
-#include "api/workspace.hpp"
+#include "sm90/launch.hpp"
+#include "sm90/common/stream_workspace.hpp"
 #include "kernel.cuh"
 #include "postpass.cuh"
 #include "prepass.cuh"

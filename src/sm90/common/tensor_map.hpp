@@ -5,7 +5,7 @@
 
 #include <cuda.h>
 
-#include "api/params.hpp"
+#include "sm90/problem.hpp"
 #include "flash3/flash3.hpp"
 
 namespace flash3::detail {

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <string>
 
-#include "api/dispatch.hpp"
+#include "sm90/launch.hpp"
 #include "hadamard_sign.hpp"
 #include "row.cuh"
 

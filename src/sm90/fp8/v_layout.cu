@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <string>
 
-#include "api/dispatch.hpp"
+#include "sm90/launch.hpp"
 
 namespace flash3::sm90::fp8 {
 

@@ -3,7 +3,7 @@
 
 #include <cuda.h>
 
-#include "api/params.hpp"
+#include "sm90/problem.hpp"
 #include "tail_split.hpp"
 #include "sm90/common/sync.cuh"
 #include "sm90/common/wgmma.cuh"

@@ -8,8 +8,8 @@
 #include <climits>
 #include <string>
 
-#include "api/dispatch.hpp"
-#include "api/workspace.hpp"
+#include "sm90/launch.hpp"
+#include "sm90/common/stream_workspace.hpp"
 #include "kernel.cuh"
 #include "grid.hpp"
 #include "sm90/common/launch.hpp"

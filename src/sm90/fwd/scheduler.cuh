@@ -18,7 +18,7 @@
 // step, and so on the same heads' K and V.
 #pragma once
 
-#include "api/params.hpp"
+#include "sm90/problem.hpp"
 #include "tail_split.hpp"
 
 namespace flash3::sm90::fwd {

@@ -17,7 +17,7 @@
 // waits for them, folds their pieces into its own and stores O.
 #pragma once
 
-#include "../../api/params.hpp"  // FLASH3_HOST_DEVICE
+#include "../problem.hpp"  // FLASH3_HOST_DEVICE
 
 namespace flash3::sm90::fwd {
 

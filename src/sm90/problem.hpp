@@ -1,4 +1,5 @@
-// Internal description of one validated call: what the kernels see.
+// The problem of one validated call, as the API layer (src/api/) fills it
+// and the kernels' launchers (src/sm90/) read it: the layer between them.
 #pragma once
 
 #include <cstddef>
@@ -76,7 +77,21 @@ struct DeviceFields {
   int num_sms = 0;
 };
 
-struct ForwardParams : DeviceFields {
+// What every attention call describes (a base that varlen and paged-cache
+// fields extend): q (batch, seqlen_q, heads_q, headdim), k and v (batch,
+// seqlen_k, heads_k, headdim), the scale and the mask.
+struct AttentionProblem {
+  int batch = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int heads_q = 0;
+  int heads_k = 0;
+  int headdim = 0;
+  float softmax_scale = 0.0f;  // resolved: never 0 here
+  bool causal = false;
+};
+
+struct ForwardParams : DeviceFields, AttentionProblem {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -85,21 +100,13 @@ struct ForwardParams : DeviceFields {
 
   DType dtype = DType::kBFloat16;      // of q, k, v
   DType out_dtype = DType::kBFloat16;  // of out: dtype, or fp16/bf16 for fp8
-  int batch = 0;
-  int seqlen_q = 0;
-  int seqlen_k = 0;
-  int heads_q = 0;
-  int heads_k = 0;
-  int headdim = 0;
   Strides3 q_stride, k_stride, v_stride, out_stride;
   // FP8 only: v is in the Fp8V layout (v_stride unused), and the descales.
   DescaleParams q_descale, k_descale, v_descale;
 
-  float softmax_scale = 0.0f;  // resolved: never 0 here
-  bool causal = false;
 };
 
-struct BackwardParams : DeviceFields {
+struct BackwardParams : DeviceFields, AttentionProblem {
   const void* dout = nullptr;
   const void* q = nullptr;
   const void* k = nullptr;
@@ -113,16 +120,8 @@ struct BackwardParams : DeviceFields {
   size_t workspace_bytes = 0;
 
   DType dtype = DType::kBFloat16;  // of every tensor
-  int batch = 0;
-  int seqlen_q = 0;
-  int seqlen_k = 0;
-  int heads_q = 0;
-  int heads_k = 0;
-  int headdim = 0;
   Strides3 dout_stride, q_stride, k_stride, v_stride, out_stride, dq_stride, dk_stride, dv_stride;
 
-  float softmax_scale = 0.0f;  // resolved: never 0 here
-  bool causal = false;
   bool deterministic = false;
 };
 

@@ -1,4 +1,4 @@
-#include "workspace.hpp"
+#include "stream_workspace.hpp"
 
 #include <map>
 #include <mutex>
