@@ -11,10 +11,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flash3 import flash_attn_func  # noqa: E402
 from flash3.flash_attn_interface import _backward, _forward  # noqa: E402
 
-from test_flash3 import requires_hopper  # noqa: E402
+from test_flash3 import call, requires_hopper  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16]
 HEADDIMS = [64, 128]  # 256: no backward kernel yet (test_headdim_256_says_so)
@@ -81,16 +80,6 @@ def make(batch, seqlen, heads, headdim, dtype, requires_grad=True):
 def qkv(batch, seqlen_q, seqlen_k, heads, heads_k, headdim, dtype):
     return (make(batch, seqlen_q, heads, headdim, dtype), make(batch, seqlen_k, heads_k, headdim, dtype),
             make(batch, seqlen_k, heads_k, headdim, dtype))
-
-
-def call(*args, **kwargs):
-    """flash_attn_func, skipping kernels that this build of the library leaves out."""
-    try:
-        return flash_attn_func(*args, **kwargs)
-    except NotImplementedError as e:
-        if "not in this build" in str(e):
-            pytest.skip(str(e))
-        raise
 
 
 def grads_of(q, k, v, dout, **kwargs):

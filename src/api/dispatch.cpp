@@ -57,7 +57,8 @@ Status visit_headdim(const char* call, int headdim, const Fn& fn) {
 template <DType kOutDType, int kHeadDim>
 Status launch_fp8(const ForwardParams& p, cudaStream_t stream) {
   return launch_if_built<kFp8KernelBuilt<kOutDType, kHeadDim>, kOutDType, kHeadDim>(
-      kForwardFp8Call, "fp8 -> ", [&] { return launch_forward_fp8_sm90<kOutDType, kHeadDim>(p, stream); });
+      kForwardFp8Call, "fp8 -> ",
+      [&] { return launch_forward_fp8_sm90<kOutDType, kHeadDim>(p, stream); });
 }
 
 Status dispatch_fp8(const ForwardParams& p, cudaStream_t stream) {

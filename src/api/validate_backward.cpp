@@ -122,12 +122,10 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
                      dtype_name(q.dtype), ")");
     }
   }
-  for (const auto& [name, t] : {Named{"k", k}, Named{"v", v}}) {
-    if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
-      return s;
-    }
+  if (Status s = check_q_and_k(q, k); !s.ok()) {  // k's batch and head dim among them
+    return s;
   }
-  if (Status s = check_q_and_k(q, k); !s.ok()) {
+  if (Status s = check_batch_and_headdim_match_q("v", v, q); !s.ok()) {
     return s;
   }
   if (v.shape[1] != k.shape[1]) {

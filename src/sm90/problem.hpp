@@ -17,23 +17,28 @@ inline constexpr char kFp8VLayoutCall[] = "flash3::fp8_v_layout";
 inline constexpr char kBackwardCall[] = "flash3::backward";
 inline constexpr char kBackwardWorkspaceCall[] = "flash3::backward_workspace_size";
 
+#if defined(__CUDACC__)
+#define FLASH3_HOST_DEVICE __host__ __device__
+#else
+#define FLASH3_HOST_DEVICE
+#endif
+
 // Element strides of a (batch, seqlen, heads, headdim) tensor, headdim contiguous.
 struct Strides3 {
   int64_t batch = 0;
   int64_t seq = 0;
   int64_t head = 0;
+
+  // Elements from the tensor's start to (batch, row, head, 0).
+  FLASH3_HOST_DEVICE int64_t offset(int64_t b, int64_t row, int64_t h) const {
+    return b * batch + row * seq + h * head;
+  }
 };
 
 // Key slots per head-dim row of the Fp8V layout (Fp8V::padded_seqlen).
 inline int fp8_v_padded_seqlen(int seqlen) {
   return static_cast<int>(Fp8V{nullptr, 0, seqlen, 0, 0}.padded_seqlen());
 }
-
-#if defined(__CUDACC__)
-#define FLASH3_HOST_DEVICE __host__ __device__
-#else
-#define FLASH3_HOST_DEVICE
-#endif
 
 // n / d for 0 <= n, d < 2^31 by a multiply-high, an add and a shift: the
 // kernels divide by a runtime block size in every key block, where an

@@ -44,10 +44,10 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
   }
   const bool gqa = args.heads_per_kv_head > 1;
   if (!gqa) {
-    Element* dk_out = static_cast<Element*>(args.dk) + batch * args.dk_batch_stride +
-                      head * args.dk_head_stride + c.col;
-    Element* dv_out = static_cast<Element*>(args.dv) + batch * args.dv_batch_stride +
-                      head * args.dv_head_stride + c.col;
+    Element* dk_out =
+        static_cast<Element*>(args.dk) + args.dk_stride.offset(batch, 0, head) + c.col;
+    Element* dv_out =
+        static_cast<Element*>(args.dv) + args.dv_stride.offset(batch, 0, head) + c.col;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
@@ -56,19 +56,18 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
       }
 #pragma unroll
       for (int j = 0; j < T::kHeadDim / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(dk_out + key * args.dk_seq_stride + 8 * j) =
+        *reinterpret_cast<uint32_t*>(dk_out + key * args.dk_stride.seq + 8 * j) =
             pack2<Element>(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(dv_out + key * args.dv_seq_stride + 8 * j) =
+        *reinterpret_cast<uint32_t*>(dv_out + key * args.dv_stride.seq + 8 * j) =
             pack2<Element>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
       }
     }
     return;
   }
   const int turn = head - head_kv * args.heads_per_kv_head;  // place in the K/V head's group
-  int* sem = args.dkv_semaphore +
-             (static_cast<int64_t>(batch) * (args.heads_q / args.heads_per_kv_head) + head_kv) *
-                 args.num_n_blocks +
-             n_block;
+  const int64_t batch_head_kv =
+      static_cast<int64_t>(batch) * (args.heads_q / args.heads_per_kv_head) + head_kv;
+  int* sem = args.dkv_semaphore + batch_head_kv * args.num_n_blocks + n_block;
   const bool first_thread = threadIdx.x == T::kWarpgroupThreads;
   if (args.deterministic) {
     if (first_thread) {
@@ -76,9 +75,7 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
     }
     named_barrier_sync(NamedBarrier::kBwdDkvStored, T::kConsumerThreads);
   }
-  const int64_t base =
-      (static_cast<int64_t>(batch) * (args.heads_q / args.heads_per_kv_head) + head_kv) *
-      args.seqlen_k;
+  const int64_t base = batch_head_kv * args.seqlen_k;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;

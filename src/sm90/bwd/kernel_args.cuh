@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "sm90/common/sync.cuh"
+#include "sm90/problem.hpp"
 #include "sm90/common/wgmma.cuh"
 
 namespace flash3::sm90::bwd {
@@ -21,8 +22,7 @@ struct KernelArgs {
   // or with GQA, fp32 sums into dk_accum / dv_accum (workspace.hpp).
   void* dk;
   void* dv;
-  int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
-  int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
+  flash3::detail::Strides3 dk_stride, dv_stride;
   float* dk_accum;
   float* dv_accum;
   // Workspace (workspace.hpp): per (batch, head_q) padded rows.

@@ -72,12 +72,8 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   }
   args.dk = p.dk;
   args.dv = p.dv;
-  args.dk_batch_stride = p.dk_stride.batch;
-  args.dk_seq_stride = p.dk_stride.seq;
-  args.dk_head_stride = p.dk_stride.head;
-  args.dv_batch_stride = p.dv_stride.batch;
-  args.dv_seq_stride = p.dv_stride.seq;
-  args.dv_head_stride = p.dv_stride.head;
+  args.dk_stride = p.dk_stride;
+  args.dv_stride = p.dv_stride;
   args.dk_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dk_accum) : nullptr;
   args.dv_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dv_accum) : nullptr;
   args.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
@@ -141,12 +137,8 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   sm90::bwd::PrepassArgs pre{};
   pre.out = p.out;
   pre.dout = p.dout;
-  pre.out_batch_stride = p.out_stride.batch;
-  pre.out_seq_stride = p.out_stride.seq;
-  pre.out_head_stride = p.out_stride.head;
-  pre.dout_batch_stride = p.dout_stride.batch;
-  pre.dout_seq_stride = p.dout_stride.seq;
-  pre.dout_head_stride = p.dout_stride.head;
+  pre.out_stride = p.out_stride;
+  pre.dout_stride = p.dout_stride;
   pre.lse = p.softmax_lse;
   pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
@@ -165,9 +157,7 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   sm90::bwd::PostpassArgs post{};
   post.dq_accum = reinterpret_cast<const float*>(ws + w.dq_accum);
   post.dq = p.dq;
-  post.dq_batch_stride = p.dq_stride.batch;
-  post.dq_seq_stride = p.dq_stride.seq;
-  post.dq_head_stride = p.dq_stride.head;
+  post.dq_stride = p.dq_stride;
   post.seqlen_q = p.seqlen_q;
   post.heads_q = p.heads_q;
   post.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
@@ -180,16 +170,13 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
     kv.dv_accum = reinterpret_cast<const float*>(ws + w.dv_accum);
     kv.dk = p.dk;
     kv.dv = p.dv;
-    kv.dk_batch_stride = p.dk_stride.batch;
-    kv.dk_seq_stride = p.dk_stride.seq;
-    kv.dk_head_stride = p.dk_stride.head;
-    kv.dv_batch_stride = p.dv_stride.batch;
-    kv.dv_seq_stride = p.dv_stride.seq;
-    kv.dv_head_stride = p.dv_stride.head;
+    kv.dk_stride = p.dk_stride;
+    kv.dv_stride = p.dv_stride;
     kv.seqlen_k = p.seqlen_k;
     kv.heads_k = p.heads_k;
     kv.quads = static_cast<int64_t>(p.batch) * p.heads_k * p.seqlen_k * p.headdim / 4;
-    const int64_t blocks = (kv.quads + sm90::bwd::kPostpassThreads - 1) / sm90::bwd::kPostpassThreads;
+    const int64_t blocks =
+        (kv.quads + sm90::bwd::kPostpassThreads - 1) / sm90::bwd::kPostpassThreads;
     const int grid = static_cast<int>(blocks < 8 * p.num_sms ? blocks : 8 * p.num_sms);
     sm90::bwd::dkv_postpass_kernel<T><<<grid, sm90::bwd::kPostpassThreads, 0, stream>>>(kv);
   }

@@ -22,28 +22,9 @@
 #include "sm90/common/tma.cuh"
 #include "sm90/common/wgmma.cuh"
 #include "traits.cuh"
+#include "workspace.hpp"
 
 namespace flash3::sm90::bwd {
-
-// Deterministic mode: the writers of one sum take turns in a fixed order
-// through a counter in global memory. The waiter acquires the counter, then
-// orders its next bulk (async-proxy) operation after that acquire; the
-// signaller orders its completed bulk operations before the release.
-__device__ inline void semaphore_wait(const int* sem, int value) {
-  int seen;
-  for (;;) {
-    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
-    if (seen == value) {
-      break;
-    }
-    __nanosleep(32);
-  }
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-}
-__device__ inline void semaphore_signal(int* sem, int value) {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(value) : "memory");
-}
 
 template <class T, bool kCausal>
 struct Mainloop {
@@ -64,7 +45,7 @@ struct Mainloop {
 
   // Offset of (batch, head)'s first row in the padded per-row arrays.
   __device__ int64_t row_base() const {
-    return (static_cast<int64_t>(batch) * args.heads_q + head) * args.padded_seqlen_q;
+    return padded_rows_before(batch, head, args.heads_q, args.padded_seqlen_q);
   }
 
   // ---------------------------------------------------------------- producer (one thread)

@@ -8,14 +8,16 @@
 
 #include "sm90/common/fragment.cuh"
 #include "sm90/common/wgmma.cuh"
+#include "sm90/problem.hpp"
 #include "traits.cuh"
+#include "workspace.hpp"
 
 namespace flash3::sm90::bwd {
 
 struct PostpassArgs {
   const float* dq_accum;
   void* dq;
-  int64_t dq_batch_stride, dq_seq_stride, dq_head_stride;  // elements
+  flash3::detail::Strides3 dq_stride;  // elements
   int seqlen_q;
   int heads_q;
   int padded_seqlen_q;
@@ -33,11 +35,10 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
   const int head = static_cast<int>(blockIdx.y);
   const int batch = static_cast<int>(blockIdx.z);
   const float4* accum = reinterpret_cast<const float4*>(
-      args.dq_accum + ((static_cast<int64_t>(batch) * args.heads_q + head) * args.padded_seqlen_q +
+      args.dq_accum + (padded_rows_before(batch, head, args.heads_q, args.padded_seqlen_q) +
                        m_block * T::kBlockM) *
                           T::kHeadDim);
-  Element* dq = static_cast<Element*>(args.dq) + batch * args.dq_batch_stride +
-                head * args.dq_head_stride;
+  Element* dq = static_cast<Element*>(args.dq) + args.dq_stride.offset(batch, 0, head);
   for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4; i += kPostpassThreads) {
     const float4 v = accum[i];
     // Chunk c of thread t of warpgroup w: registers 4c .. 4c + 3 of its dQ,
@@ -49,11 +50,11 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
     const int row = m_block * T::kBlockM + rg * kMmaM + (t / 32) * 16 + lane / 4;
     const int col = w * T::kDqCols + 8 * (in_group / 4) + 2 * (lane % 4);
     if (row < args.seqlen_q) {
-      *reinterpret_cast<uint32_t*>(dq + row * args.dq_seq_stride + col) =
+      *reinterpret_cast<uint32_t*>(dq + row * args.dq_stride.seq + col) =
           pack2<Element>(v.x * args.softmax_scale, v.y * args.softmax_scale);
     }
     if (row + 8 < args.seqlen_q) {
-      *reinterpret_cast<uint32_t*>(dq + (row + 8) * args.dq_seq_stride + col) =
+      *reinterpret_cast<uint32_t*>(dq + (row + 8) * args.dq_stride.seq + col) =
           pack2<Element>(v.z * args.softmax_scale, v.w * args.softmax_scale);
     }
   }
@@ -66,15 +67,15 @@ struct DkvPostpassArgs {
   const float* dv_accum;
   void* dk;
   void* dv;
-  int64_t dk_batch_stride, dk_seq_stride, dk_head_stride;
-  int64_t dv_batch_stride, dv_seq_stride, dv_head_stride;
+  flash3::detail::Strides3 dk_stride, dv_stride;
   int seqlen_k;
   int heads_k;
   int64_t quads;  // batch * heads_k * seqlen_k * headdim / 4
 };
 
 template <class T>
-__global__ void __launch_bounds__(kPostpassThreads) dkv_postpass_kernel(const DkvPostpassArgs args) {
+__global__ void __launch_bounds__(kPostpassThreads)
+    dkv_postpass_kernel(const DkvPostpassArgs args) {
   using Element = typename T::Element;
   constexpr int kQuadsPerRow = T::kHeadDim / 4;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x;
@@ -87,11 +88,11 @@ __global__ void __launch_bounds__(kPostpassThreads) dkv_postpass_kernel(const Dk
     const int64_t batch = batch_head / args.heads_k;
     const float4 k = reinterpret_cast<const float4*>(args.dk_accum)[i];
     const float4 v = reinterpret_cast<const float4*>(args.dv_accum)[i];
-    *reinterpret_cast<uint2*>(static_cast<Element*>(args.dk) + batch * args.dk_batch_stride +
-                              key * args.dk_seq_stride + head * args.dk_head_stride + col) =
+    *reinterpret_cast<uint2*>(static_cast<Element*>(args.dk) +
+                              args.dk_stride.offset(batch, key, head) + col) =
         make_uint2(pack2<Element>(k.x, k.y), pack2<Element>(k.z, k.w));
-    *reinterpret_cast<uint2*>(static_cast<Element*>(args.dv) + batch * args.dv_batch_stride +
-                              key * args.dv_seq_stride + head * args.dv_head_stride + col) =
+    *reinterpret_cast<uint2*>(static_cast<Element*>(args.dv) +
+                              args.dv_stride.offset(batch, key, head) + col) =
         make_uint2(pack2<Element>(v.x, v.y), pack2<Element>(v.z, v.w));
   }
 }

@@ -8,15 +8,16 @@
 
 #include "sm90/common/fragment.cuh"
 #include "sm90/common/math.cuh"
+#include "sm90/problem.hpp"
 #include "traits.cuh"
+#include "workspace.hpp"
 
 namespace flash3::sm90::bwd {
 
 struct PrepassArgs {
   const void* out;
   const void* dout;
-  int64_t out_batch_stride, out_seq_stride, out_head_stride;  // elements
-  int64_t dout_batch_stride, dout_seq_stride, dout_head_stride;
+  flash3::detail::Strides3 out_stride, dout_stride;  // elements
   const float* lse;  // (batch, heads_q, seqlen_q)
   float* lse_log2;   // (batch, heads_q, padded_seqlen_q)
   float* dpsum;
@@ -37,17 +38,17 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassA
   const int head = static_cast<int>(blockIdx.y);
   const int batch = static_cast<int>(blockIdx.z);
   const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
-  const int64_t rows = (static_cast<int64_t>(batch) * args.heads_q + head) * args.padded_seqlen_q;
+  const int64_t rows = padded_rows_before(batch, head, args.heads_q, args.padded_seqlen_q);
   for (int r = static_cast<int>(threadIdx.x) / kThreadsPerRow; r < T::kBlockM; r += kRowsPerPass) {
     const int row = m_block * T::kBlockM + r;
     float sum = 0.0f;
     if (row < args.seqlen_q) {
       const uint4 o = *reinterpret_cast<const uint4*>(
-          static_cast<const Element*>(args.out) + batch * args.out_batch_stride +
-          row * args.out_seq_stride + head * args.out_head_stride + part * 8);
+          static_cast<const Element*>(args.out) + args.out_stride.offset(batch, row, head) +
+          part * 8);
       const uint4 d = *reinterpret_cast<const uint4*>(
-          static_cast<const Element*>(args.dout) + batch * args.dout_batch_stride +
-          row * args.dout_seq_stride + head * args.dout_head_stride + part * 8);
+          static_cast<const Element*>(args.dout) + args.dout_stride.offset(batch, row, head) +
+          part * 8);
       const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i) {

@@ -1,10 +1,12 @@
 // The backward's device workspace: what it holds and where, for the host
 // (its size, for validation and backward_workspace_size) and the launch.
-// Plain C++: no CUDA, nothing of src/api/.
+// Plain C++ (host and device): no CUDA runtime, nothing of src/api/.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+
+#include "sm90/problem.hpp"  // FLASH3_HOST_DEVICE
 
 namespace flash3::sm90::bwd {
 
@@ -23,6 +25,13 @@ constexpr int block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
 //  - dk_accum, dv_accum (GQA only): fp32 (batch, head_k, seqlen_k, headdim);
 //  - dq_semaphore (deterministic only): int32 per (batch, head_q, query block),
 //    dkv_semaphore (deterministic GQA only): int32 per (batch, head_k, key block).
+// Rows before (batch, head)'s first in the per-query-row regions (dq_accum
+// in rows of headdim floats, lse_log2, dpsum), padded_seqlen_q rows each.
+FLASH3_HOST_DEVICE inline int64_t padded_rows_before(int batch, int head, int heads_q,
+                                                     int padded_seqlen_q) {
+  return (static_cast<int64_t>(batch) * heads_q + head) * padded_seqlen_q;
+}
+
 struct WorkspaceLayout {
   int block_m = 0, block_n = 0;
   int num_m_blocks = 0, num_n_blocks = 0;

@@ -84,7 +84,8 @@ struct Mask {
     if (!kCausal) {
       return 0;
     }
-    const int first_row = n_block * kBlockN - causal_offset();  // the first row seeing its first key
+    const int first_row =
+        n_block * kBlockN - causal_offset();  // the first row seeing its first key
     return first_row <= 0 ? 0 : first_row / kBlockM;
   }
 
@@ -98,7 +99,9 @@ struct Mask {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
-      first_visible[r] = key >= seqlen_k ? INT_MAX : kCausal ? key - causal_offset() - col0 : INT_MIN;
+      first_visible[r] = key >= seqlen_k ? INT_MAX
+                         : kCausal        ? key - causal_offset() - col0
+                                          : INT_MIN;
     }
 #pragma unroll
     for (int i = 0; i < kRegs; ++i) {

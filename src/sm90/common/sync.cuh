@@ -103,6 +103,27 @@ __device__ inline void flag_acquire(uint32_t* flag) {
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"(0u) : "memory");
 }
 
+// A turn counter in global memory (the backward's deterministic sums): the
+// writers of one sum take turns in a fixed order. The waiter acquires the
+// counter, then orders its next bulk (async-proxy) operation after that
+// acquire; the signaller orders its completed bulk operations before the
+// release.
+__device__ inline void semaphore_wait(const int* sem, int value) {
+  int seen;
+  for (;;) {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
+    if (seen == value) {
+      break;
+    }
+    __nanosleep(32);
+  }
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+__device__ inline void semaphore_signal(int* sem, int value) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(value) : "memory");
+}
+
 // A fence for ptxas's scheduler, not for the hardware: every instruction that
 // feeds `a` or `b` issues before it, and so does everything the program puts
 // after it that ptxas keeps behind barriers (wgmma waits among them). ptxas

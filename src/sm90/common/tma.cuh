@@ -77,7 +77,9 @@ __device__ inline void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint
                : "memory");
 }
 
-__device__ inline void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+__device__ inline void tma_store_commit() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
 
 // Waits until the committed stores have finished reading shared memory.
 __device__ inline void tma_store_wait_read() {
@@ -86,7 +88,9 @@ __device__ inline void tma_store_wait_read() {
 
 // Waits until the committed bulk operations have completed (their global
 // writes performed), not only read shared memory.
-__device__ inline void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+__device__ inline void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
 
 __device__ inline void tma_prefetch_descriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");

@@ -88,13 +88,15 @@ __device__ inline TileDesc<kAdd> desc_mn_major(uint32_t smem_addr, uint32_t bloc
 template <class Element>
 using MmaKShape = cute::Int<kMmaKBytes / static_cast<int>(sizeof(Element))>;
 template <class Element, int kN, gmma::Major kMajorB, gmma::Major kMajorA = gmma::Major::K>
-using MmaSS = decltype(gmma::ss_op_selector<Element, Element, float,
-                                            cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
-                                            kMajorA, kMajorB>());
+using MmaSS =
+    decltype(gmma::ss_op_selector<Element, Element, float,
+                                  cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
+                                  kMajorA, kMajorB>());
 template <class Element, int kN, gmma::Major kMajorB>
-using MmaRS = decltype(gmma::rs_op_selector<Element, Element, float,
-                                            cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
-                                            gmma::Major::K, kMajorB>());
+using MmaRS =
+    decltype(gmma::rs_op_selector<Element, Element, float,
+                                  cute::Shape<cute::_64, cute::Int<kN>, MmaKShape<Element>>,
+                                  gmma::Major::K, kMajorB>());
 
 namespace detail {
 template <class Op, size_t... I>
