@@ -279,6 +279,10 @@ def flash_attn_func(
         if not supported(value):
             shown = "a tensor" if isinstance(value, torch.Tensor) else repr(value)
             raise NotImplementedError(f"flash3: {name}={shown} is not supported yet")
+    if all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, v)) and v.shape[-1] != q.shape[-1]:
+        # FlashAttention-3 allows a head dim of v (dv) other than q's; flash3 not yet.
+        raise NotImplementedError(f"flash3: v's head dim {v.shape[-1]} differs from q's {q.shape[-1]} "
+                                  "(dv != d) and is not supported yet")
     descales = None
     if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
         descales = _head_descales(q, k, q_descale, k_descale, v_descale)

@@ -1,0 +1,16 @@
+"""FlashAttention-3's tests against flash3: a NotImplementedError that flash3 raises (a
+feature it does not have: its message starts with "flash3:") skips the test, with that
+message as the reason; any other failure stays a failure."""
+import pytest
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    try:
+        pyfuncitem.obj(**args)
+    except NotImplementedError as e:
+        if not str(e).startswith("flash3:"):
+            raise
+        pytest.skip(str(e).splitlines()[0])
+    return True
