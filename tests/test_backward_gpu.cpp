@@ -64,7 +64,7 @@ TEST_P(BackwardSweep, StridedLayouts) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardSweep,
                          ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::Values(64, 128)),
+                                            ::testing::Values(64, 128, 256)),
                          [](const auto& info) {
                            return kernel_label(std::get<0>(info.param), std::get<1>(info.param));
                          });
@@ -107,7 +107,7 @@ TEST_P(BackwardDeterminism, TenRunsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardDeterminism,
-                         ::testing::Combine(::testing::Values(64, 128), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(64, 128, 256), ::testing::Bool()));
 
 class SanitizeBackward : public HopperTest {};
 
@@ -117,22 +117,13 @@ TEST_F(SanitizeBackward, Bf16D128Seqlen113Causal) {
 TEST_F(SanitizeBackward, Fp16D64Seqlen300x129Gqa) {
   expect_gradients_match_reference(make_case(DType::kFloat16, 64, {2, 300, 129, 4, 2}, false));
 }
+TEST_F(SanitizeBackward, Fp16D256Seqlen200Causal) {
+  expect_gradients_match_reference(make_case(DType::kFloat16, 256, {1, 200, 333, 2, 2}, true));
+}
 TEST_F(SanitizeBackward, Bf16D128Deterministic) {
   BackwardCase c = make_case(DType::kBFloat16, 128, {1, 200, 333, 4, 2}, true);
   c.deterministic = true;
   expect_gradients_match_reference(c);
-}
-
-// Head dim 256 has no backward kernel yet: a clear kUnsupported, nothing written.
-class BackwardUnsupported : public HopperTest {};
-
-TEST_F(BackwardUnsupported, HeadDim256SaysSo) {
-  const BackwardCase c = make_case(DType::kBFloat16, 256, {1, 64, 64, 1, 1}, false);
-  BackwardProblem problem(c, random_inputs(c.forward), random_dout(c));
-  const Status s = problem.run(nullptr);
-  EXPECT_EQ(s.code, StatusCode::kUnsupported) << s.message;
-  EXPECT_NE(s.message.find("headdim 256"), std::string::npos) << s.message;
-  EXPECT_EQ(problem.download().unwritten, problem.download().dq.size() * 3);
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ from flash3.flash_attn_interface import _backward, _forward  # noqa: E402
 from test_flash3 import call, requires_hopper  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16]
-HEADDIMS = [64, 128]  # 256: no backward kernel yet (test_headdim_256_says_so)
+HEADDIMS = [64, 128, 256]
 # batch, seqlen_q, seqlen_k, heads, heads_k
 SHAPES = [
     (2, 128, 128, 4, 4),
@@ -235,10 +235,3 @@ def test_fp8_has_no_backward():
     with pytest.raises(NotImplementedError, match="the FP8 path has no backward yet"):
         out.float().sum().backward()
 
-
-@requires_hopper
-def test_headdim_256_says_so():
-    q, k, v = qkv(1, 128, 128, 2, 2, 256, torch.bfloat16)
-    out = call(q, k, v)
-    with pytest.raises(NotImplementedError, match="headdim 256 has no backward kernel yet"):
-        out.sum().backward()

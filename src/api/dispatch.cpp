@@ -97,15 +97,9 @@ Status dispatch(const BackwardParams& p, cudaStream_t stream) {
     return visit_headdim(kBackwardCall, p.headdim, [&](auto headdim) {
       constexpr DType kDType = decltype(dtype)::value;
       constexpr int kHeadDim = decltype(headdim)::value;
-      if constexpr (kHeadDim == 256) {
-        return Status{StatusCode::kUnsupported,
-                      std::string(kBackwardCall) + ": headdim 256 has no backward kernel yet "
-                                                   "(64 and 128 do)"};
-      } else {
-        return launch_if_built<kBwdKernelBuilt<kDType, kHeadDim>, kDType, kHeadDim>(
-            kBackwardCall, "backward ",
-            [&] { return launch_backward_sm90<kDType, kHeadDim>(p, stream); });
-      }
+      return launch_if_built<kBwdKernelBuilt<kDType, kHeadDim>, kDType, kHeadDim>(
+          kBackwardCall, "backward ",
+          [&] { return launch_backward_sm90<kDType, kHeadDim>(p, stream); });
     });
   });
 }

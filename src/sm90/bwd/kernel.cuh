@@ -28,7 +28,8 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
   }
 }
 
-// dK (scaled) and dV of a warpgroup's 64 keys: straight to the 16-bit
+// dK (scaled) and dV of a warpgroup's 64 keys (kDimSplit: its half of the
+// head dim of them): straight to the 16-bit
 // outputs, or with GQA added into the fp32 sums of the K/V head (after the
 // query heads before this one, in deterministic mode).
 template <class T>
@@ -37,7 +38,8 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
                           const float (&dv)[T::kDkvAccRegs]) {
   using Element = typename T::Element;
   const FragmentCoord c = FragmentCoord::current();
-  const int key0 = n_block * T::kBlockN + warpgroup * kMmaM + c.warp * 16 + c.row;
+  const int key0 = n_block * T::kBlockN + T::key_offset(warpgroup) + c.warp * 16 + c.row;
+  const int col0 = T::dkv_col_offset(warpgroup) + c.col;
 #pragma unroll
   for (int i = 0; i < T::kDkvAccRegs; ++i) {
     dk[i] *= args.softmax_scale;
@@ -45,9 +47,9 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
   const bool gqa = args.heads_per_kv_head > 1;
   if (!gqa) {
     Element* dk_out =
-        static_cast<Element*>(args.dk) + args.dk_stride.offset(batch, 0, head) + c.col;
+        static_cast<Element*>(args.dk) + args.dk_stride.offset(batch, 0, head) + col0;
     Element* dv_out =
-        static_cast<Element*>(args.dv) + args.dv_stride.offset(batch, 0, head) + c.col;
+        static_cast<Element*>(args.dv) + args.dv_stride.offset(batch, 0, head) + col0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
@@ -55,7 +57,7 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
         continue;
       }
 #pragma unroll
-      for (int j = 0; j < T::kHeadDim / 8; ++j) {
+      for (int j = 0; j < T::kDkvCols / 8; ++j) {
         *reinterpret_cast<uint32_t*>(dk_out + key * args.dk_stride.seq + 8 * j) =
             pack2<Element>(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(dv_out + key * args.dv_stride.seq + 8 * j) =
@@ -82,10 +84,10 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
     if (key >= args.seqlen_k) {
       continue;
     }
-    float* dk_row = args.dk_accum + (base + key) * T::kHeadDim + c.col;
-    float* dv_row = args.dv_accum + (base + key) * T::kHeadDim + c.col;
+    float* dk_row = args.dk_accum + (base + key) * T::kHeadDim + col0;
+    float* dv_row = args.dv_accum + (base + key) * T::kHeadDim + col0;
 #pragma unroll
-    for (int j = 0; j < T::kHeadDim / 8; ++j) {
+    for (int j = 0; j < T::kDkvCols / 8; ++j) {
       atomicAdd(reinterpret_cast<float2*>(dk_row + 8 * j),
                 make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]));
       atomicAdd(reinterpret_cast<float2*>(dv_row + 8 * j),

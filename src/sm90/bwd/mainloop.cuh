@@ -150,17 +150,20 @@ struct Mainloop {
     fence_operands(acc);
   }
 
-  // acc (64 keys x headdim) += A (registers: P^T or dS^T, 64 keys x kBlockM)
-  // times B (dO or Q: rows are queries, the reduction; MN-major).
+  // acc (64 keys x this warpgroup's kDkvCols columns) += A (registers: P^T
+  // or dS^T, 64 keys x kBlockM) times B (dO or Q: rows are queries, the
+  // reduction; MN-major).
   __device__ void gemm_accumulate_kv(const uint32_t (&a)[T::kPRegs], uint32_t b_addr,
-                                     float (&acc)[T::kDkvAccRegs]) {
+                                     int warpgroup, float (&acc)[T::kDkvAccRegs]) {
     fence_operands(acc);
     mma_fence();
-    const auto b = desc_mn_major<false>(b_addr, kBlockM * kSwizzleRowBytes);
+    const int col0 = T::dkv_col_offset(warpgroup);  // a multiple of kSwizzleCols
+    const auto b = desc_mn_major<false>(
+        b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
-      mma_rs<Element, kHeadDim, gmma::Major::MN>(&a[4 * kk], b.at(kk * kMmaK16 * kSwizzleRowBytes),
-                                                 acc);
+      mma_rs<Element, T::kDkvCols, gmma::Major::MN>(
+          &a[4 * kk], b.at(kk * kMmaK16 * kSwizzleRowBytes), acc);
     }
     fence_operands(acc);
   }
@@ -226,9 +229,9 @@ struct Mainloop {
   __device__ void compute(int warpgroup, float (&dk)[T::kDkvAccRegs],
                           float (&dv)[T::kDkvAccRegs]) {
     const FragmentCoord c = FragmentCoord::current();
-    const int key_row0 = warpgroup * kMmaM + c.warp * 16 + c.row;  // in the CTA's block
-    const uint32_t k_addr = smem_u32(smem.k) + warpgroup * kMmaM * kSwizzleRowBytes;
-    const uint32_t v_addr = smem_u32(smem.v) + warpgroup * kMmaM * kSwizzleRowBytes;
+    const int key_row0 = T::key_offset(warpgroup) + c.warp * 16 + c.row;  // in the CTA's block
+    const uint32_t k_addr = smem_u32(smem.k) + T::key_offset(warpgroup) * kSwizzleRowBytes;
+    const uint32_t v_addr = smem_u32(smem.v) + T::key_offset(warpgroup) * kSwizzleRowBytes;
     smem.kv_full.wait(0);
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
@@ -269,14 +272,19 @@ struct Mainloop {
         p16[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
         ds16[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
       }
-      gemm_accumulate_kv(p16, smem_u32(smem.dout[stage]), dv);
-      gemm_accumulate_kv(ds16, smem_u32(smem.q[stage]), dk);
+      gemm_accumulate_kv(p16, smem_u32(smem.dout[stage]), warpgroup, dv);
+      gemm_accumulate_kv(ds16, smem_u32(smem.q[stage]), warpgroup, dk);
       mma_commit();
 
       Element* ds_tile = smem.ds[(m - m_begin) & 1];
-      store_ds(ds16, ds_tile, key_row0);
-      fence_view_async_shared();
+      if (!T::kDimSplit || warpgroup == 0) {  // kDimSplit: both hold the same dS^T
+        store_ds(ds16, ds_tile, key_row0);
+        fence_view_async_shared();
+      }
       named_barrier_sync(NamedBarrier::kBwdDsReady, T::kConsumerThreads);
+      if constexpr (T::kDimSplit) {
+        mma_wait<0>();  // P^T and dS^T free their registers before dQ's 64 take theirs
+      }
       float dq[T::kDqRowGroups][T::kDqAccRegs];
       gemm_dq(smem_u32(ds_tile), warpgroup, dq);
       mma_wait<0>();

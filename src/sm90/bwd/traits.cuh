@@ -11,8 +11,11 @@
 
 namespace flash3::sm90::bwd {
 
-// kBlockN: key rows per CTA, 64 per consumer warpgroup, whose dK and dV
-//          (64 x headdim fp32 each) stay in registers across the query blocks.
+// kBlockN: key rows per CTA, whose dK and dV (fp32) stay in the consumer
+//          warpgroups' registers across the query blocks: 64 keys each (128
+//          keys), or at head dim 256, where 64 keys x 256 of dK and dV would
+//          take 256 registers a thread, the same 64 keys and half the head dim
+//          of dK and dV each (Traits::kDimSplit).
 // kBlockM: query rows per step; S^T and dP^T are 64 keys x kBlockM per
 //          warpgroup (kBlockM / 2 floats per thread each).
 // kStages: depth of the Q and dO rings.
@@ -30,6 +33,12 @@ struct TileConfig<128> {
   // 32 + 32 KB K, V + 2 x (16 + 16) KB Q, dO + 2 x 16 KB dS + 32 KB dQ = 192 KB.
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
 };
+template <>
+struct TileConfig<256> {
+  // 32 + 32 KB K, V + 1 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 64 KB dQ = 208 KB:
+  // a second Q / dO stage would not fit.
+  static constexpr int kBlockM = 64, kBlockN = 64, kStages = 1;
+};
 
 template <DType kDType, int kHeadDim_>
 struct Traits {
@@ -43,9 +52,15 @@ struct Traits {
                 "workspace.hpp sizes the workspace with these tiles");
 
   // Warp roles: warpgroup 0 holds the producer warp (TMA loads) and the dQ
-  // writer warp (bulk reduce-adds of dQ); the others each own 64 keys.
+  // writer warp (bulk reduce-adds of dQ); the two others each own 64 keys,
+  // or (kDimSplit) both the same 64 keys and half the head dim of dK and dV
+  // each, computing S^T and dP^T twice (64 keys x 256 of dK and dV would
+  // be 256 registers a thread).
   static constexpr int kWarpgroupThreads = 128;
-  static constexpr int kConsumerWarpgroups = kBlockN / kMmaM;
+  static constexpr int kConsumerWarpgroups = 2;
+  static constexpr int kKeyWarpgroups = kBlockN / kMmaM;  // warpgroups the keys are split over
+  static constexpr bool kDimSplit = kKeyWarpgroups == 1;
+  static_assert(kKeyWarpgroups == 1 || kKeyWarpgroups == kConsumerWarpgroups, "tile shape");
   static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
   static constexpr int kThreads = kWarpgroupThreads + kConsumerThreads;
   static constexpr int kRegistersPerSm = 65536;
@@ -66,10 +81,17 @@ struct Traits {
   static constexpr int kRowBytes = kBlockM * static_cast<int>(sizeof(float));  // LSE or dpsum
 
   // Per consumer thread: S^T, dP^T (64 keys x kBlockM), their 16-bit forms
-  // as A fragments, and dK, dV (64 keys x headdim).
+  // as A fragments, and dK, dV (64 keys x kDkvCols of the head dim).
   static constexpr int kSAccRegs = kBlockM / 2;
   static constexpr int kPRegs = kSAccRegs / 2;
-  static constexpr int kDkvAccRegs = kHeadDim / 2;
+  static constexpr int kDkvCols = kDimSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;
+  static constexpr int kDkvAccRegs = kDkvCols / 2;
+  // A consumer warpgroup's first key in the CTA's block, and first column of
+  // dK and dV.
+  static constexpr int key_offset(int warpgroup) { return kDimSplit ? 0 : warpgroup * kMmaM; }
+  static constexpr int dkv_col_offset(int warpgroup) {
+    return kDimSplit ? warpgroup * kDkvCols : 0;
+  }
   // dQ (kBlockM x headdim) of a step: each consumer warpgroup computes
   // kDqCols columns of every 64-row group of it.
   static constexpr int kDqRowGroups = kBlockM / kMmaM;
