@@ -43,6 +43,15 @@ struct KernelArgs {
   bool deterministic;
 };
 
+// T::kDimSplit: P^T handed from warpgroup 0 to the other (mainloop.cuh:
+// compute_split), two steps deep; nothing otherwise.
+template <class T, bool = T::kDimSplit>
+struct PTiles {};
+template <class T>
+struct PTiles<T, true> {
+  alignas(kSwizzleAtomBytes) typename T::Element tile[2][T::kBlockN * T::kBlockM];
+};
+
 template <class T>
 struct SharedStorage {
   using Element = typename T::Element;
@@ -55,6 +64,7 @@ struct SharedStorage {
   // i - 1's in its dQ GEMM.
   alignas(kSwizzleAtomBytes) Element ds[2][T::kBlockN * T::kBlockM];
   alignas(128) float dq[T::kDqTileFloats];  // in the workspace's thread order
+  PTiles<T> p;
   alignas(16) float lse_log2[T::kStages][T::kBlockM];
   alignas(16) float dpsum[T::kStages][T::kBlockM];
   Mbarrier kv_full;

@@ -168,6 +168,25 @@ struct Mainloop {
     fence_operands(acc);
   }
 
+  // The same with A read from a P^T or dS^T tile (K-major: its rows are the
+  // 64 keys, the reduction runs along them), kBlockM being one column block.
+  __device__ void gemm_accumulate_kv_from_tile(uint32_t a_addr, uint32_t b_addr, int warpgroup,
+                                               float (&acc)[T::kDkvAccRegs]) {
+    static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
+    fence_operands(acc);
+    mma_fence();
+    const int col0 = T::dkv_col_offset(warpgroup);
+    const auto a = desc_k_major<false>(a_addr);
+    const auto b = desc_mn_major<false>(
+        b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
+      mma_ss<Element, T::kDkvCols, gmma::Major::MN, T::kDkvAccRegs, gmma::Major::K>(
+          a.at(kk * kMmaKBytes), b.at(kk * kMmaK16 * kSwizzleRowBytes), acc, true);
+    }
+    fence_operands(acc);
+  }
+
   // dq (every 64-row group of the kBlockM x headdim tile, this warpgroup's
   // kDqCols columns) = dS (A: the dS^T tile read MN-major) times K (B:
   // MN-major), reducing over all kBlockN keys of the CTA.
@@ -193,16 +212,27 @@ struct Mainloop {
     mma_commit();
   }
 
-  // dS^T (this warpgroup's 64 keys) into the dS^T tile, with stmatrix: two
-  // 8-column groups of the warp's 16 rows at a time (as the forward stages O).
-  __device__ void store_ds(const uint32_t (&ds)[T::kPRegs], Element* tile, int key_row0) {
+  // A 16-bit P^T or dS^T fragment (this warpgroup's 64 keys) into a tile
+  // of kBlockN keys x kBlockM queries, with stmatrix: two 8-column groups of
+  // the warp's 16 rows at a time (as the forward stages O); load_tile reads
+  // the same registers back with ldmatrix.
+  __device__ static uint32_t tile_address(const Element* tile, int key_row0, int j) {
     const int lane = static_cast<int>(threadIdx.x % 32);
-    const int st_row = key_row0 - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);
-    const uint32_t base = smem_u32(tile);
+    const int row = key_row0 - lane / 4 + lane % 8 + 8 * ((lane / 8) % 2);
+    return smem_u32(tile) + tile_offset16<kBlockN>(row, 8 * (j + lane / 16));
+  }
+  __device__ static void store_tile(const uint32_t (&x)[T::kPRegs], Element* tile, int key_row0) {
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; j += 2) {
-      stmatrix_x4(base + tile_offset16<kBlockN>(st_row, 8 * (j + lane / 16)), ds[2 * j],
-                  ds[2 * j + 1], ds[2 * j + 2], ds[2 * j + 3]);
+      stmatrix_x4(tile_address(tile, key_row0, j), x[2 * j], x[2 * j + 1], x[2 * j + 2],
+                  x[2 * j + 3]);
+    }
+  }
+  __device__ static void load_tile(uint32_t (&x)[T::kPRegs], const Element* tile, int key_row0) {
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; j += 2) {
+      ldmatrix_x4(tile_address(tile, key_row0, j), x[2 * j], x[2 * j + 1], x[2 * j + 2],
+                  x[2 * j + 3]);
     }
   }
 
@@ -224,10 +254,54 @@ struct Mainloop {
     }
   }
 
+  // S^T -> P^T in place (masked; each column, a query, has its own
+  // log-sum-exp), and dP^T -> dS^T = P^T (dP^T - rowsum(dO O)).
+  __device__ void probabilities(float (&s)[T::kSAccRegs], int stage, int m, int key_row0,
+                                int col) const {
+    if (mask.needs_mask(m, n_block)) {
+      mask.apply_transposed(s, n_block * kBlockN + key_row0, m * kBlockM + col);
+    }
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const float2 lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + col]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], args.scale_log2, (e & 1) ? -lse.y : -lse.x));
+      }
+    }
+  }
+  __device__ void score_gradients(const float (&p)[T::kSAccRegs], float (&dp)[T::kSAccRegs],
+                                  int stage, int col) const {
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const float2 dsum = *reinterpret_cast<const float2*>(&smem.dpsum[stage][8 * j + col]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dp[4 * j + e] = p[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dsum.y : dsum.x));
+      }
+    }
+  }
+
+  // The end of a step: the Q and dO stage released, and this warpgroup's dQ
+  // handed to the dQ writer.
+  __device__ void finish_step(int stage, const float (&dq)[T::kDqRowGroups][T::kDqAccRegs],
+                              int warpgroup) {
+    smem.q_empty[stage].arrive();
+    smem.do_empty[stage].arrive();
+    named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+    stage_dq(dq, warpgroup);
+    fence_view_async_shared();
+    named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+  }
+
   // Every query block of the CTA's key block; dk and dv accumulate (dK
   // without the softmax scale).
   __device__ void compute(int warpgroup, float (&dk)[T::kDkvAccRegs],
                           float (&dv)[T::kDkvAccRegs]) {
+    if constexpr (T::kDimSplit) {
+      compute_split(warpgroup, dk, dv);
+      return;
+    }
     const FragmentCoord c = FragmentCoord::current();
     const int key_row0 = T::key_offset(warpgroup) + c.warp * 16 + c.row;  // in the CTA's block
     const uint32_t k_addr = smem_u32(smem.k) + T::key_offset(warpgroup) * kSwizzleRowBytes;
@@ -244,28 +318,10 @@ struct Mainloop {
 
       mma_wait<1>();  // S^T
       fence_operands(s);
-      if (mask.needs_mask(m, n_block)) {
-        mask.apply_transposed(s, n_block * kBlockN + key_row0, m * kBlockM + c.col);
-      }
-      // P^T: each column (query) has its own log-sum-exp.
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        const float2 lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + c.col]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], args.scale_log2, (e & 1) ? -lse.y : -lse.x));
-        }
-      }
+      probabilities(s, stage, m, key_row0, c.col);
       mma_wait<0>();  // dP^T
       fence_operands(dp);
-#pragma unroll
-      for (int j = 0; j < kBlockM / 8; ++j) {
-        const float2 dsum = *reinterpret_cast<const float2*>(&smem.dpsum[stage][8 * j + c.col]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dsum.y : dsum.x));
-        }
-      }
+      score_gradients(s, dp, stage, c.col);
       uint32_t p16[T::kPRegs], ds16[T::kPRegs];
 #pragma unroll
       for (int i = 0; i < T::kPRegs; ++i) {
@@ -277,14 +333,9 @@ struct Mainloop {
       mma_commit();
 
       Element* ds_tile = smem.ds[(m - m_begin) & 1];
-      if (!T::kDimSplit || warpgroup == 0) {  // kDimSplit: both hold the same dS^T
-        store_ds(ds16, ds_tile, key_row0);
-        fence_view_async_shared();
-      }
+      store_tile(ds16, ds_tile, key_row0);
+      fence_view_async_shared();
       named_barrier_sync(NamedBarrier::kBwdDsReady, T::kConsumerThreads);
-      if constexpr (T::kDimSplit) {
-        mma_wait<0>();  // P^T and dS^T free their registers before dQ's 64 take theirs
-      }
       float dq[T::kDqRowGroups][T::kDqAccRegs];
       gemm_dq(smem_u32(ds_tile), warpgroup, dq);
       mma_wait<0>();
@@ -296,13 +347,76 @@ struct Mainloop {
       for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
         fence_operands(dq[rg]);
       }
-      smem.q_empty[stage].arrive();
-      smem.do_empty[stage].arrive();
+      finish_step(stage, dq, warpgroup);
+    }
+  }
 
-      named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
-      stage_dq(dq, warpgroup);
-      fence_view_async_shared();
-      named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+  // T::kDimSplit (head dim 256): both warpgroups hold the same 64 keys.
+  // Warpgroup 0 computes S^T and P^T, warpgroup 1 dP^T and, with P^T from
+  // warpgroup 0's tile, dS^T; each hands its 16-bit result over in a tile
+  // (two steps deep, as dS^T elsewhere), and both then take half of the head
+  // dim of dV += P^T dO, dK += dS^T Q and dQ = dS K, A read from the tiles.
+  __device__ void compute_split(int warpgroup, float (&dk)[T::kDkvAccRegs],
+                                float (&dv)[T::kDkvAccRegs]) {
+    const FragmentCoord c = FragmentCoord::current();
+    const int key_row0 = c.warp * 16 + c.row;
+    smem.kv_full.wait(0);
+    Pipeline pipe;
+    for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
+      const int stage = pipe.stage;
+      Element* p_tile = smem.p.tile[(m - m_begin) & 1];
+      Element* ds_tile = smem.ds[(m - m_begin) & 1];
+      float acc[T::kSAccRegs];
+      uint32_t x16[T::kPRegs];
+      smem.q_full[stage].wait(pipe.phase);
+      smem.do_full[stage].wait(pipe.phase);
+      if (warpgroup == 0) {
+        gemm_transposed_scores(smem_u32(smem.k), smem_u32(smem.q[stage]), acc);
+        mma_wait<0>();
+        fence_operands(acc);
+        probabilities(acc, stage, m, key_row0, c.col);
+#pragma unroll
+        for (int i = 0; i < T::kPRegs; ++i) {
+          x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);
+        }
+        store_tile(x16, p_tile, key_row0);
+        fence_view_async_shared();
+        named_barrier_arrive(NamedBarrier::kBwdPReady, T::kConsumerThreads);
+      } else {
+        gemm_transposed_scores(smem_u32(smem.v), smem_u32(smem.dout[stage]), acc);
+        mma_wait<0>();
+        fence_operands(acc);
+        named_barrier_sync(NamedBarrier::kBwdPReady, T::kConsumerThreads);
+        load_tile(x16, p_tile, key_row0);
+        float p[T::kSAccRegs];
+#pragma unroll
+        for (int i = 0; i < T::kPRegs; ++i) {
+          const float2 pair = unpack2<Element>(x16[i]);
+          p[2 * i] = pair.x;
+          p[2 * i + 1] = pair.y;
+        }
+        score_gradients(p, acc, stage, c.col);
+#pragma unroll
+        for (int i = 0; i < T::kPRegs; ++i) {
+          x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);
+        }
+        store_tile(x16, ds_tile, key_row0);
+        fence_view_async_shared();
+      }
+      named_barrier_sync(NamedBarrier::kBwdDsReady, T::kConsumerThreads);
+      gemm_accumulate_kv_from_tile(smem_u32(p_tile), smem_u32(smem.dout[stage]), warpgroup, dv);
+      gemm_accumulate_kv_from_tile(smem_u32(ds_tile), smem_u32(smem.q[stage]), warpgroup, dk);
+      mma_commit();
+      float dq[T::kDqRowGroups][T::kDqAccRegs];
+      gemm_dq(smem_u32(ds_tile), warpgroup, dq);
+      mma_wait<0>();
+      fence_operands(dv);
+      fence_operands(dk);
+#pragma unroll
+      for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+        fence_operands(dq[rg]);
+      }
+      finish_step(stage, dq, warpgroup);
     }
   }
 };

@@ -35,8 +35,8 @@ struct TileConfig<128> {
 };
 template <>
 struct TileConfig<256> {
-  // 32 + 32 KB K, V + 1 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 64 KB dQ = 208 KB:
-  // a second Q / dO stage would not fit.
+  // 32 + 32 KB K, V + 1 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 64 KB dQ + 2 x 8
+  // KB P = 224 KB: a second Q / dO stage would not fit.
   static constexpr int kBlockM = 64, kBlockN = 64, kStages = 1;
 };
 
@@ -54,8 +54,8 @@ struct Traits {
   // Warp roles: warpgroup 0 holds the producer warp (TMA loads) and the dQ
   // writer warp (bulk reduce-adds of dQ); the two others each own 64 keys,
   // or (kDimSplit) both the same 64 keys and half the head dim of dK and dV
-  // each, computing S^T and dP^T twice (64 keys x 256 of dK and dV would
-  // be 256 registers a thread).
+  // each (64 keys x 256 of dK and dV would be 256 registers a thread), one
+  // computing S^T and P^T, the other dP^T and dS^T (Mainloop::compute_split).
   static constexpr int kWarpgroupThreads = 128;
   static constexpr int kConsumerWarpgroups = 2;
   static constexpr int kKeyWarpgroups = kBlockN / kMmaM;  // warpgroups the keys are split over

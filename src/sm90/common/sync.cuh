@@ -72,6 +72,7 @@ enum class NamedBarrier : uint32_t {
   kBwdDqFull = 8,
   kBwdDqEmpty = 9,
   kBwdDkvStored = 10,
+  kBwdPReady = 11,  // kDimSplit: warpgroup 0's P^T tile is in shared memory
   kScheduleFence = 15,  // one warp arrives, nobody waits: see schedule_after()
 };
 

@@ -77,6 +77,16 @@ __device__ inline void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint
                : "memory");
 }
 
+// The inverse of stmatrix_x4: four 8x8 tiles of 16-bit values from shared
+// memory, register i of a lane holding what stmatrix_x4 took from it.
+__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                   uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
 __device__ inline void tma_store_commit() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
