@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kernels_built.hpp"  // generated: the (dtype, head dim) pairs of FLASH3_KERNELS
+#include "sm90/head_dims.hpp"
 #include "validate.hpp"
 
 namespace flash3::detail {
@@ -37,21 +38,14 @@ Status visit_dtype(const char* call, DType dtype, const Fn& fn) {
   return Status{StatusCode::kInternal, std::string(call) + ": no kernel for this dtype"};
 }
 
-// fn(std::integral_constant<int, headdim>{}) for the head dims of kSupportedHeadDims.
-template <class Fn>
+// fn(std::integral_constant<int, headdim>{}) for the head dims of Dims
+// (sm90/head_dims.hpp).
+template <class Dims = HeadDims, class Fn>
 Status visit_headdim(const char* call, int headdim, const Fn& fn) {
-  switch (headdim) {
-    case 64:
-      return fn(std::integral_constant<int, 64>{});
-    case 128:
-      return fn(std::integral_constant<int, 128>{});
-    case 256:
-      return fn(std::integral_constant<int, 256>{});
-    default:
-      break;
-  }
-  return Status{StatusCode::kInternal,
-                std::string(call) + ": no kernel for headdim " + std::to_string(headdim)};
+  return visit_head_dim(Dims{}, headdim, fn, [&] {
+    return Status{StatusCode::kInternal,
+                  std::string(call) + ": no kernel for headdim " + std::to_string(headdim)};
+  });
 }
 
 template <DType kOutDType, int kHeadDim>
@@ -63,16 +57,9 @@ Status launch_fp8(const ForwardParams& p, cudaStream_t stream) {
 
 Status dispatch_fp8(const ForwardParams& p, cudaStream_t stream) {
   return visit_dtype(kForwardFp8Call, p.out_dtype, [&](auto out_dtype) {
-    switch (p.headdim) {
-      case 128:
-        return launch_fp8<decltype(out_dtype)::value, 128>(p, stream);
-      case 256:
-        return launch_fp8<decltype(out_dtype)::value, 256>(p, stream);
-      default:
-        break;
-    }
-    return Status{StatusCode::kInternal, std::string(kForwardFp8Call) + ": no kernel for headdim " +
-                                             std::to_string(p.headdim)};
+    return visit_headdim<Fp8HeadDims>(kForwardFp8Call, p.headdim, [&](auto headdim) {
+      return launch_fp8<decltype(out_dtype)::value, decltype(headdim)::value>(p, stream);
+    });
   });
 }
 

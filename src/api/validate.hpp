@@ -11,9 +11,6 @@
 
 namespace flash3::detail {
 
-// Head dimensions the forward, backward and quantization kernels are built for.
-inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
-
 // Checks q, k, v, out, softmax_lse and options; on success fills `params`
 // (everything but the device fields) and returns an ok Status.
 Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

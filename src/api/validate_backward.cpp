@@ -57,8 +57,8 @@ Status check_q_and_k(const Tensor& q, const Tensor& k) {
   if (Status s = check_batch_and_headdim_match_q("k", k, q); !s.ok()) {
     return s;
   }
-  if (!supported_headdim(q.shape[3])) {
-    return unsupported("headdim = ", q.shape[3], " is not supported; supported: 64, 128, 256");
+  if (Status s = check_headdim(q.shape[3]); !s.ok()) {
+    return s;
   }
   return check_heads(q, k);
 }

@@ -1,5 +1,7 @@
 #include "validate_common.hpp"
 
+#include "sm90/head_dims.hpp"
+
 #include <cmath>
 #include <string>
 
@@ -200,7 +202,12 @@ bool float_span(const float* data, uint64_t count, Span* span) {
   return true;
 }
 
-bool supported_headdim(int64_t d) { return one_of(kSupportedHeadDims, d); }
+Status check_headdim(int64_t d) {
+  if (!contains(HeadDims{}, d)) {
+    return unsupported("headdim = ", d, " is not supported; supported: ", list_text(HeadDims{}));
+  }
+  return Status{};
+}
 
 Strides3 strides_of(const Tensor& t) {
   // Dimensions of size 1 may carry any stride (PyTorch's do); give them a

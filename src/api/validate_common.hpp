@@ -84,17 +84,9 @@ bool elements_intersect(const Tensor& a, const Tensor& b);
 // address space.
 bool float_span(const float* data, uint64_t count, Span* span);
 
-template <class T, size_t kN>
-bool one_of(const T (&set)[kN], int64_t d) {
-  for (T s : set) {
-    if (d == s) {
-      return true;
-    }
-  }
-  return false;
-}
-
-bool supported_headdim(int64_t d);
+// Unsupported (naming the head dims the kernels have) unless d is one of
+// them (sm90/head_dims.hpp).
+Status check_headdim(int64_t d);
 
 // The (batch, seqlen, heads, headdim) sizes of a validated tensor into params.
 template <class Params>

@@ -40,8 +40,8 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
       return s;
     }
   }
-  if (!supported_headdim(q.shape[3])) {
-    return unsupported("headdim = ", q.shape[3], " is not supported; supported: 64, 128, 256");
+  if (Status s = check_headdim(q.shape[3]); !s.ok()) {
+    return s;
   }
   if (v.shape[1] != k.shape[1]) {
     return invalid("v.shape[1] (seqlen) = ", v.shape[1], " differs from k's ", k.shape[1]);

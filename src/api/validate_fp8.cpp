@@ -3,6 +3,7 @@
 #include <limits>
 #include <string>
 
+#include "sm90/head_dims.hpp"
 #include "validate_common.hpp"
 
 namespace flash3::detail {
@@ -19,14 +20,10 @@ Status fp8_input_dtype(const char* name, DType dtype) {
   return s;
 }
 
-// Head dimensions the FP8 forward kernel is built for.
-constexpr int64_t kFp8HeadDims[] = {128, 256};
 // The FP8 kernel's tiles: a query descale block must cover whole tiles of
 // query rows (one consumer warpgroup's 64), a key descale block whole key tiles.
 constexpr int kFp8QueryDescaleRows = 64;
 constexpr int kFp8KeyDescaleRows = 128;
-
-bool fp8_headdim(int64_t d) { return one_of(kFp8HeadDims, d); }
 
 // An Fp8V on its own: pointer, sizes, alignment, the layout's strides and
 // span (set in *span).
@@ -162,9 +159,9 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
   if (Status s = check_fp8_v_shape("v", v, "k", k); !s.ok()) {
     return s;
   }
-  if (!fp8_headdim(q.shape[3])) {
-    return unsupported("headdim = ", q.shape[3],
-                       " is not supported by the FP8 forward; supported: 128, 256");
+  if (!contains(Fp8HeadDims{}, q.shape[3])) {
+    return unsupported("headdim = ", q.shape[3], " is not supported by the FP8 forward; supported: ",
+                       list_text(Fp8HeadDims{}));
   }
   if (Status s = check_out_and_heads(q, k, out); !s.ok()) {
     return s;
@@ -227,8 +224,8 @@ Status check_fp8_v_layout(const Tensor& v, const Fp8V& v_out, Fp8VLayoutParams* 
   if (Status s = check_fp8_v_shape("v_out", v_out, "v", v); !s.ok()) {
     return s;
   }
-  if (!supported_headdim(v.shape[3])) {
-    return unsupported("headdim = ", v.shape[3], " is not supported; supported: 64, 128, 256");
+  if (Status s = check_headdim(v.shape[3]); !s.ok()) {
+    return s;
   }
   if (intersect(out_span, span_of(v))) {
     return invalid("v_out overlaps v in memory; the output must not alias the input");

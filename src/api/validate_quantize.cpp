@@ -33,8 +33,8 @@ Status check_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
                    ", ", x_fp8.shape[3], ") differs from x.shape (", x.shape[0], ", ", x.shape[1],
                    ", ", x.shape[2], ", ", x.shape[3], ")");
   }
-  if (!supported_headdim(x.shape[3])) {
-    return unsupported("headdim = ", x.shape[3], " is not supported; supported: 64, 128, 256");
+  if (Status s = check_headdim(x.shape[3]); !s.ok()) {
+    return s;
   }
   if (options.block_rows < 1 || options.block_rows > kMaxBlockRows) {
     return invalid("options.block_rows = ", options.block_rows, " must be in [1, ",

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sm90/head_dims.hpp"
 #include "sm90/launch.hpp"
 
 namespace flash3::sm90::fp8 {
@@ -186,19 +187,16 @@ Status launch_fp8_v_layout_sm90(const Fp8VLayoutParams& p, cudaStream_t stream) 
   args.num_tiles = int64_t{p.batch} * p.heads * args.tiles_per_head;
   const unsigned ctas =
       static_cast<unsigned>(args.num_tiles < kMaxVLayoutCtas ? args.num_tiles : kMaxVLayoutCtas);
-  switch (p.headdim) {
-    case 64:
-      v_layout_kernel<64><<<ctas, kVLayoutThreads, 0, stream>>>(args);
-      break;
-    case 128:
-      v_layout_kernel<128><<<ctas, kVLayoutThreads, 0, stream>>>(args);
-      break;
-    case 256:
-      v_layout_kernel<256><<<ctas, kVLayoutThreads, 0, stream>>>(args);
-      break;
-    default:
-      return {StatusCode::kInternal,
-              std::string(kFp8VLayoutCall) + ": no kernel for headdim " + std::to_string(p.headdim)};
+  const bool launched = visit_head_dim(
+      HeadDims{}, p.headdim,
+      [&](auto headdim) {
+        v_layout_kernel<decltype(headdim)::value><<<ctas, kVLayoutThreads, 0, stream>>>(args);
+        return true;
+      },
+      [] { return false; });
+  if (!launched) {
+    return {StatusCode::kInternal,
+            std::string(kFp8VLayoutCall) + ": no kernel for headdim " + std::to_string(p.headdim)};
   }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

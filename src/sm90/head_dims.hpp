@@ -1,0 +1,41 @@
+// The head dims the kernels are built for: the one list the validation, the
+// dispatch and the launchers read (CMake's FLASH3_ALL_KERNELS names one
+// kernel per dtype and head dim of it).
+#pragma once
+
+#include <array>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace flash3::detail {
+
+// Forward, backward, quantization and the FP8 V layout; the FP8 forward.
+using HeadDims = std::integer_sequence<int, 64, 128, 256>;
+using Fp8HeadDims = std::integer_sequence<int, 128, 256>;
+
+template <int... kDims>
+constexpr bool contains(std::integer_sequence<int, kDims...>, long long d) {
+  return ((d == kDims) || ...);
+}
+
+// "64, 128, 256"
+template <int... kDims>
+std::string list_text(std::integer_sequence<int, kDims...>) {
+  std::string text;
+  ((text += (text.empty() ? "" : ", ") + std::to_string(kDims)), ...);
+  return text;
+}
+
+// fn(std::integral_constant<int, d>{}) for the head dim d of Dims equal to
+// headdim, else otherwise(); both return the same default-constructible type.
+template <int... kDims, class Fn, class Otherwise>
+auto visit_head_dim(std::integer_sequence<int, kDims...>, int headdim, const Fn& fn,
+                    const Otherwise& otherwise) -> decltype(otherwise()) {
+  decltype(otherwise()) result{};
+  const bool found =
+      ((headdim == kDims && (result = fn(std::integral_constant<int, kDims>{}), true)) || ...);
+  return found ? result : otherwise();
+}
+
+}  // namespace flash3::detail
