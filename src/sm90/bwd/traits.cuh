@@ -6,6 +6,7 @@
 
 #include "flash3/flash3.hpp"
 #include "sm90/common/element.cuh"
+#include "sm90/common/register_budget.hpp"
 #include "sm90/common/wgmma.cuh"
 #include "workspace.hpp"
 
@@ -63,15 +64,11 @@ struct Traits {
   static_assert(kKeyWarpgroups == 1 || kKeyWarpgroups == kConsumerWarpgroups, "tile shape");
   static constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroupThreads;
   static constexpr int kThreads = kWarpgroupThreads + kConsumerThreads;
-  static constexpr int kRegistersPerSm = 65536;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters =
-      (kRegistersPerSm - kProducerRegisters * kWarpgroupThreads) / kConsumerThreads / 8 * 8;
-  static constexpr int kLaunchRegisters = kRegistersPerSm / kThreads / 8 * 8;
-  static_assert(kConsumerWarpgroups == 2, "one producer and two consumer warpgroups");
-  static_assert((kLaunchRegisters - kProducerRegisters) * kWarpgroupThreads >=
-                    (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
-                "setmaxnreg: the producer must release what the consumers take");
+  using Registers = RegisterBudget<kConsumerThreads>;  // common/register_budget.hpp
+  static constexpr int kProducerRegisters = Registers::kProducerRegisters;
+  static constexpr int kConsumerRegisters = Registers::kConsumerRegisters;
+  static_assert(Registers::kReleaseCoversGrowth && Registers::kFitsTheSm,
+                "setmaxnreg: the producer must release what the consumers take, within the SM");
 
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
   static constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;

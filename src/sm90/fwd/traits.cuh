@@ -9,6 +9,7 @@
 #include "flash3/flash3.hpp"
 #include "kernel_args.cuh"
 #include "sm90/common/element.cuh"
+#include "sm90/common/register_budget.hpp"
 #include "sm90/common/wgmma.cuh"
 
 namespace flash3::sm90::fwd {
@@ -415,28 +416,16 @@ struct Traits {
   static constexpr bool kClusterKv = Config::kKvMulticast && !kCausal && kWarpSpecialized;
   static constexpr int kClusterCtas = kClusterKv ? 2 : 1;
 
-  // setmaxnreg budgets: 65536 registers per SM, one CTA per SM; the producer
-  // needs only addresses, the consumers hold S, P and O and share the rest
-  // (240 each for two consumer warpgroups, 160 for three; multiples of 8).
-  static constexpr int kRegistersPerSm = 65536;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters =
-      (kRegistersPerSm - kProducerRegisters * kWarpgroupThreads) / kConsumerThreads / 8 * 8;
+  // setmaxnreg budgets (common/register_budget.hpp): the consumers hold S, P
+  // and O.
+  using Registers = RegisterBudget<kConsumerThreads>;
+  static constexpr int kProducerRegisters = Registers::kProducerRegisters;
+  static constexpr int kConsumerRegisters = Registers::kConsumerRegisters;
   static_assert(kConsumerWarpgroups == 2 || kConsumerWarpgroups == 3,
                 "one producer plus two or three consumer warpgroups");
-  // At launch every thread holds kLaunchRegisters (ptxas takes the whole
-  // __launch_bounds__ share when setmaxnreg is used); setmaxnreg.inc blocks
-  // until the producer's release covers the consumers' growth, so a release
-  // that falls short hangs the kernel (seen on the H200 with a producer at 32).
-  static constexpr int kLaunchRegisters = kRegistersPerSm / kThreads / 8 * 8;
-  static_assert(!kWarpSpecialized ||
-                    (kLaunchRegisters - kProducerRegisters) * kWarpgroupThreads >=
-                        (kConsumerRegisters - kLaunchRegisters) * kConsumerThreads,
+  static_assert(!kWarpSpecialized || Registers::kReleaseCoversGrowth,
                 "setmaxnreg: the producer must release what the consumers take");
-  static_assert(!kWarpSpecialized || kProducerRegisters * kWarpgroupThreads +
-                                             kConsumerRegisters * kConsumerThreads <=
-                                         kRegistersPerSm,
-                "register budget exceeds the SM");
+  static_assert(!kWarpSpecialized || Registers::kFitsTheSm, "register budget exceeds the SM");
 
   // Operand tiles: rows of kSwizzleRowBytes in column blocks of kSwizzleCols
   // elements (64 for 16 bits, 128 for fp8); a wgmma reduces over kMmaK
