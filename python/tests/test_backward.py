@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from flash3.flash_attn_interface import _backward, _forward  # noqa: E402
 
-from test_flash3 import call, requires_hopper  # noqa: E402
+from test_flash3 import call, requires_hopper, scores_and_values  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16]
 HEADDIMS = [64, 128, 256]
@@ -30,14 +30,7 @@ MIN_ATOL = 1e-4
 def attention(q, k, v, causal, dtype):
     """Attention in `dtype` (scores and softmax in float32 at least), differentiable by
     autograd, with zero output and zero gradients for rows that see no key."""
-    acc = torch.promote_types(dtype, torch.float32)
-    k, v = (x.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for x in (k, v))
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc) * q.shape[-1] ** -0.5
-    if causal:
-        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-        row = torch.arange(seqlen_q, device=q.device)[:, None]
-        col = torch.arange(seqlen_k, device=q.device)[None, :]
-        scores = scores.masked_fill(col > row + seqlen_k - seqlen_q, float("-inf"))
+    scores, v = scores_and_values(q, k, v, causal, dtype)
     # Softmax without NaN in its gradient for a row of -inf only: the shift is a constant
     # (softmax does not depend on it), and an empty row divides by 1.
     shift = scores.detach().amax(dim=-1, keepdim=True)

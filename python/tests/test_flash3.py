@@ -27,10 +27,10 @@ SHAPES = [
 ]
 
 
-def attention(q, k, v, causal, dtype):
-    """Plain attention in `dtype` (softmax in float32 at least): (out, lse)."""
+def scores_and_values(q, k, v, causal, dtype):
+    """Scaled, masked scores (b, h, q, k) of q and k in `dtype` (computed in float32 at
+    least; GQA's k and v repeated per query head) and the repeated v."""
     acc = torch.promote_types(dtype, torch.float32)
-    q, k, v = (x.to(dtype) for x in (q, k, v))
     k, v = (x.repeat_interleave(q.shape[2] // k.shape[2], dim=2) for x in (k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k).to(acc) * q.shape[-1] ** -0.5
     if causal:
@@ -38,6 +38,13 @@ def attention(q, k, v, causal, dtype):
         row = torch.arange(seqlen_q, device=q.device)[:, None]
         col = torch.arange(seqlen_k, device=q.device)[None, :]
         scores = scores.masked_fill(col > row + seqlen_k - seqlen_q, float("-inf"))
+    return scores, v
+
+
+def attention(q, k, v, causal, dtype):
+    """Plain attention in `dtype` (softmax in float32 at least): (out, lse)."""
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    scores, v = scores_and_values(q, k, v, causal, dtype)
     lse = torch.logsumexp(scores, dim=-1)
     p = torch.exp(scores - lse[..., None]).nan_to_num(0.0)  # rows with no key: zeros
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(dtype), v)
