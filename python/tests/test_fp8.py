@@ -88,11 +88,12 @@ def test_fp8_func_quantizes_inside(block_quant, incoherent, dtype):
 
 
 @requires_hopper
-def test_fp8_needs_all_descales():
-    q8 = torch.zeros(1, 128, 2, 128, device="cuda").to(torch.float8_e4m3fn)
+def test_fp8_descales_default_to_one():
+    q8, k8, v8 = (torch.randn(1, 128, 2, 128, device="cuda").to(torch.float8_e4m3fn) for _ in range(3))
     one = torch.ones(1, 2, device="cuda")
-    with pytest.raises(ValueError, match="v_descale"):
-        flash_attn_func(q8, q8, q8, q_descale=one, k_descale=one)
+    given = flash_attn_func(q8, k8, v8, q_descale=one, k_descale=one, v_descale=one)
+    assert torch.equal(flash_attn_func(q8, k8, v8, q_descale=one, k_descale=one), given)
+    assert torch.equal(flash_attn_func(q8, k8, v8), given)
     with pytest.raises(ValueError, match="shape"):
         flash_attn_func(q8, q8, q8, q_descale=one, k_descale=one, v_descale=torch.ones(2, 2, device="cuda"))
 

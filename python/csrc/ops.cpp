@@ -1,0 +1,486 @@
+// flash3's PyTorch operators (torch.ops.flash3.*), in C++ over flash3's C++ API.
+//
+// Loaded by python/flash3/_ops.py with torch.ops.load_library; nothing here
+// depends on Python, so one build serves every Python version of a PyTorch
+// build. Per op: a CUDA kernel (allocate, describe, call flash3 on the current
+// stream), a Meta kernel (the same allocation on meta tensors: the fake
+// implementation torch.compile traces with), and for `fwd` an autograd kernel
+// whose backward is `bwd`. The `*_out` ops write caller-given tensors (tests
+// poison them first). Validation is flash3's own: its Status becomes
+//   kInvalidArgument -> ValueError, kUnsupported -> NotImplementedError,
+//   anything else -> RuntimeError,
+// with flash3's message; only what flash3 cannot see (tensor ranks, devices,
+// dtypes without a flash3 code) is checked here.
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include "flash3/flash3.hpp"
+
+namespace flash3::torch_ops {
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// -------------------------------------------------------------- conversions
+// A dtype as Python spells it, for messages.
+std::string torch_name(at::ScalarType type) {
+  switch (type) {
+    case at::kDouble: return "torch.float64";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    case at::kFloat8_e5m2: return "torch.float8_e5m2";
+    default: return c10::toString(type);
+  }
+}
+
+DType to_dtype(at::ScalarType type, const char* name) {
+  switch (type) {
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kFloat: return DType::kFloat32;
+    case at::kFloat8_e4m3fn: return DType::kFloat8E4M3;
+    default:
+      TORCH_CHECK_VALUE(false, "flash3: ", name, ".dtype is ", torch_name(type),
+                        "; use torch.float16 or torch.bfloat16");
+  }
+}
+
+// The checks flash3 cannot make: a 4-d CUDA tensor on `device`.
+void check_tensor(const Tensor& t, const char* name, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.dim() == 4, "flash3: ", name,
+                    " must be a 4-d tensor (batch, seqlen, heads, headdim), got ", t.dim(),
+                    " dimensions");
+  TORCH_CHECK_VALUE(t.device() == device, "flash3: ", name, " is on ", t.device(), " but q is on ",
+                    device, "; all tensors must be on one CUDA device");
+}
+
+flash3::Tensor describe(const Tensor& t, const char* name, const at::Device& device) {
+  check_tensor(t, name, device);
+  flash3::Tensor d;
+  d.data = t.data_ptr();
+  d.dtype = to_dtype(t.scalar_type(), name);
+  for (int i = 0; i < 4; ++i) {
+    d.shape[i] = t.size(i);
+    d.stride[i] = t.stride(i);
+  }
+  return d;
+}
+
+float* float_data(const Tensor& t, const char* name, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat, "flash3: ", name, " must be float32, got ",
+                    t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == device, "flash3: ", name, " is on ", t.device(),
+                    " but q is on ", device);
+  return t.data_ptr<float>();
+}
+
+void raise_unless_ok(const Status& status) {
+  switch (status.code) {
+    case StatusCode::kOk: return;
+    case StatusCode::kInvalidArgument: TORCH_CHECK_VALUE(false, status.message);
+    case StatusCode::kUnsupported: TORCH_CHECK_NOT_IMPLEMENTED(false, status.message);
+    default: TORCH_CHECK(false, status.message);
+  }
+}
+
+// flash3 reads 0 as "1 / sqrt(headdim)"; a given scale of 0 would be misread.
+float scale_of(std::optional<double> softmax_scale) {
+  if (!softmax_scale) {
+    return 0.0f;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(*softmax_scale != 0.0,
+                              "flash3: softmax_scale=0.0 is not supported (None means "
+                              "1/sqrt(headdim))");
+  return static_cast<float>(*softmax_scale);
+}
+
+at::Device cuda_device_of(const Tensor& q, const char* name) {
+  TORCH_CHECK_VALUE(q.is_cuda(), "flash3: ", name, " is on ", q.device(),
+                    "; flash3 runs on a CUDA device (a Hopper GPU: H100, H200)");
+  return q.device();
+}
+
+// q's device made current, and its current stream: where flash3 launches.
+struct OnDevice {
+  OnDevice(const Tensor& q, const char* name)
+      : guard(cuda_device_of(q, name)),
+        stream(c10::cuda::getCurrentCUDAStream(q.device().index()).stream()) {}
+  c10::cuda::CUDAGuard guard;
+  cudaStream_t stream;
+};
+
+// ------------------------------------------------------------ allocations
+// One function per op, run by the CUDA and the Meta kernels alike, so the fake
+// tensors torch.compile traces with have the real outputs' shapes and strides.
+Tensor lse_like(const Tensor& q) {
+  return at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
+}
+
+std::tuple<Tensor, Tensor> forward_outputs(const Tensor& q) {
+  TORCH_CHECK_VALUE(q.dim() == 4, "flash3: q must be a 4-d tensor (batch, seqlen, heads, headdim)");
+  return {at::empty_like(q), lse_like(q)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> backward_outputs(const Tensor& q, const Tensor& k,
+                                                    const Tensor& v) {
+  // Like q, k, v: their strides where dense, else contiguous (last stride 1).
+  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+}
+
+std::tuple<Tensor, Tensor> fp8_forward_outputs(const Tensor& q, at::ScalarType out_dtype) {
+  TORCH_CHECK_VALUE(q.dim() == 4, "flash3: q must be a 4-d tensor (batch, seqlen, heads, headdim)");
+  return {at::empty(q.sizes(), q.options().dtype(out_dtype)), lse_like(q)};
+}
+
+int64_t blocks_of(int64_t seqlen, int64_t block_rows) {
+  TORCH_CHECK_VALUE(block_rows >= 1, "flash3: block_rows must be >= 1, got ", block_rows);
+  return (seqlen + block_rows - 1) / block_rows;
+}
+
+std::tuple<Tensor, Tensor> quantize_outputs(const Tensor& x, int64_t block_rows) {
+  TORCH_CHECK_VALUE(x.dim() == 4, "flash3: x must be a 4-d tensor (batch, seqlen, heads, headdim)");
+  return {at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn)),
+          at::empty({x.size(0), x.size(2), blocks_of(x.size(1), block_rows)},
+                    x.options().dtype(at::kFloat))};
+}
+
+// ------------------------------------------------------------- the calls
+void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                  const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal) {
+  OnDevice on(q, "q");
+  const at::Device device = q.device();
+  ForwardOptions options;
+  options.causal = causal;
+  options.softmax_scale = scale_of(softmax_scale);
+  // In argument order (named locals: a call's arguments are evaluated in no set
+  // order), so the first bad tensor is the one named.
+  const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
+                       v_d = describe(v, "v", device), out_d = describe(out, "out", device);
+  float* lse = float_data(softmax_lse, "softmax_lse", device);
+  raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, options, on.stream));
+}
+
+// flash3 reads every tensor with 16-byte TMA accesses; autograd's dout may be
+// a view it cannot read (an expanded scalar for out.sum(), a slice).
+bool tma_readable(const Tensor& t) {
+  constexpr int64_t kAlignment = 16;
+  if (t.stride(-1) != 1 || reinterpret_cast<uintptr_t>(t.data_ptr()) % kAlignment != 0) {
+    return false;
+  }
+  for (int64_t i = 0; i + 1 < t.dim(); ++i) {
+    if (t.size(i) != 1 && (t.stride(i) <= 0 || t.stride(i) * t.element_size() % kAlignment != 0)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, const Tensor& softmax_lse,
+                   std::optional<double> softmax_scale, bool causal, bool deterministic,
+                   const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  OnDevice on(q, "q");
+  const at::Device device = q.device();
+  check_tensor(dout_in, "dout", device);
+  const Tensor dout = tma_readable(dout_in) ? dout_in : dout_in.contiguous();
+  BackwardOptions options;
+  options.causal = causal;
+  options.softmax_scale = scale_of(softmax_scale);
+  options.deterministic = deterministic;
+  const flash3::Tensor dout_d = describe(dout, "dout", device), q_d = describe(q, "q", device),
+                       k_d = describe(k, "k", device), v_d = describe(v, "v", device),
+                       out_d = describe(out, "out", device);
+  const float* lse = float_data(softmax_lse, "softmax_lse", device);
+  const flash3::Tensor dq_d = describe(dq, "dq", device), dk_d = describe(dk, "dk", device),
+                       dv_d = describe(dv, "dv", device);
+  size_t bytes = 0;
+  raise_unless_ok(backward_workspace_size(q_d, k_d, options, &bytes));
+  // From PyTorch's caching allocator on this stream: stream-ordered, so freed
+  // at return while the kernels still run, and safe under CUDA graph capture.
+  const Tensor workspace =
+      at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  options.workspace = workspace.data_ptr();
+  options.workspace_bytes = bytes;
+  raise_unless_ok(
+      backward(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, options, on.stream));
+}
+
+Fp8Descale descale_of(const Tensor& t, int64_t block_rows, const char* name,
+                      const at::Device& device) {
+  TORCH_CHECK_VALUE(t.dim() == 3 && t.is_contiguous(), "flash3: ", name,
+                    " must be a contiguous float32 tensor (batch, heads, blocks)");
+  TORCH_CHECK_VALUE(block_rows >= 1 && block_rows <= (int64_t{1} << 30), "flash3: ", name,
+                    " block_rows must be in [1, 2^30], got ", block_rows);
+  return Fp8Descale{float_data(t, name, device), static_cast<int>(block_rows)};
+}
+
+// ------------------------------------------------------------- CUDA kernels
+std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    std::optional<double> softmax_scale, bool causal,
+                                    bool /*deterministic: the backward's*/) {
+  auto [out, lse] = forward_outputs(q);
+  forward_into(q, k, v, out, lse, softmax_scale, causal);
+  return {out, lse};
+}
+
+void fwd_out_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                  const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal) {
+  forward_into(q, k, v, out, softmax_lse, softmax_scale, causal);
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                            const Tensor& v, const Tensor& out,
+                                            const Tensor& softmax_lse,
+                                            std::optional<double> softmax_scale, bool causal,
+                                            bool deterministic) {
+  auto [dq, dk, dv] = backward_outputs(q, k, v);
+  backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv);
+  return {dq, dk, dv};
+}
+
+void bwd_out_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& out, const Tensor& softmax_lse, const Tensor& dq, const Tensor& dk,
+                  const Tensor& dv, std::optional<double> softmax_scale, bool causal,
+                  bool deterministic) {
+  backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv);
+}
+
+std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& q_descale, int64_t q_block_rows,
+                                        const Tensor& k_descale, int64_t k_block_rows,
+                                        const Tensor& v_descale, int64_t v_block_rows,
+                                        std::optional<double> softmax_scale, bool causal,
+                                        std::optional<at::ScalarType> out_dtype) {
+  OnDevice on(q, "q");
+  const at::Device device = q.device();
+  const flash3::Tensor v_d = describe(v, "v", device);
+  // V in the layout FP8 tensor cores read (flash3.hpp: Fp8V), from the
+  // caching allocator on this stream.
+  Fp8V v_layout{nullptr, v.size(0), v.size(1), v.size(2), v.size(3)};
+  const Tensor v_buffer = at::empty({v_layout.bytes()}, q.options().dtype(at::kByte));
+  v_layout.data = v_buffer.data_ptr();
+  raise_unless_ok(fp8_v_layout(v_d, v_layout, on.stream));
+  auto [out, lse] = fp8_forward_outputs(q, out_dtype.value_or(at::kBFloat16));
+  Fp8Descales descales{descale_of(q_descale, q_block_rows, "q_descale", device),
+                       descale_of(k_descale, k_block_rows, "k_descale", device),
+                       descale_of(v_descale, v_block_rows, "v_descale", device)};
+  ForwardOptions options;
+  options.causal = causal;
+  options.softmax_scale = scale_of(softmax_scale);
+  const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
+                       out_d = describe(out, "out", device);
+  raise_unless_ok(
+      forward_fp8(q_d, k_d, v_layout, out_d, lse.data_ptr<float>(), descales, options, on.stream));
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor> quantize_fp8_cuda(const Tensor& x, int64_t block_rows, bool hadamard,
+                                             int64_t seed) {
+  OnDevice on(x, "x");
+  const at::Device device = x.device();
+  TORCH_CHECK_VALUE(block_rows >= 1 && block_rows <= (int64_t{1} << 30),
+                    "flash3: block_rows must be in [1, 2^30], got ", block_rows);
+  auto [x_fp8, descale] = quantize_outputs(x, block_rows);
+  QuantizeOptions options;
+  options.block_rows = static_cast<int>(block_rows);
+  options.hadamard = hadamard;
+  options.seed = static_cast<uint64_t>(seed);
+  const flash3::Tensor x_d = describe(x, "x", device), x_fp8_d = describe(x_fp8, "x_fp8", device);
+  raise_unless_ok(quantize_fp8(x_d, x_fp8_d, descale.data_ptr<float>(), options, on.stream));
+  return {x_fp8, descale};
+}
+
+// ------------------------------------------------------------- CPU
+// Every op on CPU tensors (the first CPU one named): a clear refusal instead of
+// the dispatcher's list of backends.
+void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& arguments = op.schema().arguments();
+  const size_t first = stack->size() - arguments.size();
+  std::string name = "the inputs";
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    const c10::IValue& value = (*stack)[first + i];
+    if (value.isTensor() && value.toTensor().device().is_cpu()) {
+      name = arguments[i].name();
+      break;
+    }
+  }
+  const bool no_gpu = !at::globalContext().hasCUDA() || c10::cuda::device_count() == 0;
+  const std::string& qualified = op.schema().name();  // "flash3::fwd"
+  TORCH_CHECK_VALUE(false, "flash3: ", qualified.substr(qualified.find("::") + 2), ": ", name,
+                    " is on the CPU; flash3 runs on a Hopper GPU (H100, H200)",
+                    no_gpu ? ", and this machine has no CUDA device" : "; move it to one");
+}
+
+// ------------------------------------------------------------- Meta kernels
+std::tuple<Tensor, Tensor> fwd_meta(const Tensor& q, const Tensor&, const Tensor&,
+                                    std::optional<double>, bool, bool) {
+  return forward_outputs(q);
+}
+
+void fwd_out_meta(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  std::optional<double>, bool) {}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor&, const Tensor& q, const Tensor& k,
+                                            const Tensor& v, const Tensor&, const Tensor&,
+                                            std::optional<double>, bool, bool) {
+  return backward_outputs(q, k, v);
+}
+
+void bwd_out_meta(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                  std::optional<double>, bool, bool) {}
+
+std::tuple<Tensor, Tensor> fwd_fp8_meta(const Tensor& q, const Tensor&, const Tensor&,
+                                        const Tensor&, int64_t, const Tensor&, int64_t,
+                                        const Tensor&, int64_t, std::optional<double>, bool,
+                                        std::optional<at::ScalarType> out_dtype) {
+  return fp8_forward_outputs(q, out_dtype.value_or(at::kBFloat16));
+}
+
+std::tuple<Tensor, Tensor> quantize_fp8_meta(const Tensor& x, int64_t block_rows, bool, int64_t) {
+  return quantize_outputs(x, block_rows);
+}
+
+// ------------------------------------------------------------- autograd
+// fwd's autograd kernel: saves q, k, v, out and the log-sum-exp; its backward
+// is the `bwd` op (through the dispatcher, so torch.compile traces it too).
+class Attention : public torch::autograd::Function<Attention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
+                               const Tensor& v, std::optional<double> softmax_scale, bool causal,
+                               bool deterministic) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("flash3::fwd", "")
+                         .typed<decltype(fwd_cuda)>();
+    auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic);
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["softmax_scale"] = softmax_scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["deterministic"] = deterministic;
+    ctx->mark_non_differentiable({lse});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("flash3::bwd", "")
+                         .typed<decltype(bwd_cuda)>();
+    const variable_list saved = ctx->get_saved_variables();
+    const c10::IValue& scale = ctx->saved_data["softmax_scale"];
+    auto [dq, dk, dv] =
+        op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
+                scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
+                ctx->saved_data["causal"].toBool(), ctx->saved_data["deterministic"].toBool());
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// fwd_fp8's autograd kernel: outputs whose backward says there is none yet
+// (rather than PyTorch's generic "not implemented" for the operator).
+class Fp8Attention : public torch::autograd::Function<Fp8Attention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& q_descale, int64_t q_block_rows,
+                               const Tensor& k_descale, int64_t k_block_rows,
+                               const Tensor& v_descale, int64_t v_block_rows,
+                               std::optional<double> softmax_scale, bool causal,
+                               std::optional<at::ScalarType> out_dtype) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("flash3::fwd_fp8", "")
+                         .typed<decltype(fwd_fp8_cuda)>();
+    auto [out, lse] = op.call(q, k, v, q_descale, q_block_rows, k_descale, k_block_rows,
+                              v_descale, v_block_rows, softmax_scale, causal, out_dtype);
+    ctx->mark_non_differentiable({lse});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext*, variable_list) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "flash3: the FP8 path has no backward yet");
+  }
+};
+
+std::tuple<Tensor, Tensor> fwd_fp8_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                            const Tensor& q_descale, int64_t q_block_rows,
+                                            const Tensor& k_descale, int64_t k_block_rows,
+                                            const Tensor& v_descale, int64_t v_block_rows,
+                                            std::optional<double> softmax_scale, bool causal,
+                                            std::optional<at::ScalarType> out_dtype) {
+  variable_list result =
+      Fp8Attention::apply(q, k, v, q_descale, q_block_rows, k_descale, k_block_rows, v_descale,
+                          v_block_rows, softmax_scale, causal, out_dtype);
+  return {result[0], result[1]};
+}
+
+std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        std::optional<double> softmax_scale, bool causal,
+                                        bool deterministic) {
+  variable_list result = Attention::apply(q, k, v, softmax_scale, causal, deterministic);
+  return {result[0], result[1]};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(flash3, m) {
+  m.def("fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
+        "bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+  m.def("fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) softmax_lse, "
+        "float? softmax_scale=None, bool causal=False) -> ()");
+  m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "float? softmax_scale=None, bool causal=False, bool deterministic=False) "
+        "-> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, float? softmax_scale=None, "
+        "bool causal=False, bool deterministic=False) -> ()");
+  m.def("fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor q_descale, int q_block_rows, "
+        "Tensor k_descale, int k_block_rows, Tensor v_descale, int v_block_rows, "
+        "float? softmax_scale=None, bool causal=False, ScalarType? out_dtype=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
+  m.def("quantize_fp8(Tensor x, int block_rows=128, bool hadamard=False, int seed=0) "
+        "-> (Tensor x_fp8, Tensor descale)");
+}
+
+TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
+  m.impl("fwd", &fwd_cuda);
+  m.impl("fwd_out", &fwd_out_cuda);
+  m.impl("bwd", &bwd_cuda);
+  m.impl("bwd_out", &bwd_out_cuda);
+  m.impl("fwd_fp8", &fwd_fp8_cuda);
+  m.impl("quantize_fp8", &quantize_fp8_cuda);
+}
+
+TORCH_LIBRARY_IMPL(flash3, CPU, m) {
+  for (const char* op : {"fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
+  }
+}
+
+TORCH_LIBRARY_IMPL(flash3, Meta, m) {
+  m.impl("fwd", &fwd_meta);
+  m.impl("fwd_out", &fwd_out_meta);
+  m.impl("bwd", &bwd_meta);
+  m.impl("bwd_out", &bwd_out_meta);
+  m.impl("fwd_fp8", &fwd_fp8_meta);
+  m.impl("quantize_fp8", &quantize_fp8_meta);
+}
+
+TORCH_LIBRARY_IMPL(flash3, Autograd, m) {
+  m.impl("fwd", &fwd_autograd);
+  m.impl("fwd_fp8", &fwd_fp8_autograd);
+}
+
+}  // namespace flash3::torch_ops
