@@ -1,6 +1,7 @@
 // The forward kernels against the float64 reference, on a Hopper GPU. Every
 // test skips, saying why, where there is none, and per (dtype, headdim) where
 // that kernel is not in the build (FLASH3_KERNELS).
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -399,6 +400,64 @@ TEST_F(ForwardStream, TailSplitsOnTwoStreamsAtOnce) {
     EXPECT_TRUE(same_bits(got.out, expected.out));
     EXPECT_TRUE(same_bits(got.lse, expected.lse));
   }
+}
+
+// A caller's workspace (ForwardOptions::workspace), zeroed once and shared
+// by split forwards of every head dim in turn on one stream: each run gives
+// the bits of the same case on flash3's own per-stream buffer. Too small a
+// one is refused before anything runs.
+TEST_F(ForwardStream, CallerWorkspaceServesEveryHeadDim) {
+  std::vector<ForwardCase> cases;
+  for (const int headdim : {64, 128, 256}) {
+    for (const bool causal : {false, true}) {
+      cases.push_back({DType::kBFloat16, {1, 4096, 4096, 2, 1, headdim}, causal});
+    }
+  }
+  size_t bytes = 0;
+  for (const ForwardCase& c : cases) {
+    expect_matches_reference(c);
+    size_t need = 0;
+    // Only the head dim counts; the size query reads no memory.
+    const Tensor probe = Tensor::contiguous(reinterpret_cast<void*>(uintptr_t{1} << 40), c.dtype,
+                                            1, 1, 1, c.shape.headdim);
+    ASSERT_TRUE(flash3::forward_workspace_size(probe, &need).ok());
+    bytes = std::max(bytes, need);
+  }
+  if (IsSkipped() || HasFailure()) {
+    return;
+  }
+  const DeviceBuffer workspace(bytes);
+  check_cuda(cudaMemset(workspace.get(), 0, bytes), "zeroing the workspace");
+  const Stream stream;
+  for (int round = 0; round < 2; ++round) {
+    for (const ForwardCase& c : cases) {
+      const Inputs in = random_inputs(c);
+      const DeviceProblem alone(c, in), given(c, in);
+      ASSERT_TRUE(alone.forward(stream.get()).ok());
+      ForwardOptions options = given.options();
+      options.workspace = workspace.get();
+      options.workspace_bytes = bytes;
+      const Status s = flash3::forward(given.q(), given.k(), given.v(), given.out(), given.lse(),
+                                       options, stream.get());
+      ASSERT_TRUE(s.ok()) << s.message;
+      check_cuda(cudaStreamSynchronize(stream.get()), "the forwards");
+      const Output expected = alone.download(), got = given.download();
+      EXPECT_EQ(got.unwritten, 0u) << c.name();
+      EXPECT_TRUE(same_bits(got.out, expected.out)) << c.name();
+      EXPECT_TRUE(same_bits(got.lse, expected.lse)) << c.name();
+    }
+  }
+  const ForwardCase& c = cases.front();
+  const DeviceProblem small(c, random_inputs(c));
+  ForwardOptions options = small.options();
+  options.workspace = workspace.get();
+  options.workspace_bytes = 4096;
+  const Status s = flash3::forward(small.q(), small.k(), small.v(), small.out(), small.lse(),
+                                   options, stream.get());
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "options.workspace_bytes = 4096 is less than",
+                      s.message);
+  EXPECT_EQ(small.download().unwritten, c.shape.q_size() + c.shape.lse_size());
 }
 
 class ForwardDeviceChecks : public HopperTest {};

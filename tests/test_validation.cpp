@@ -145,5 +145,69 @@ TEST(ValidForward, IgnoresStridesOfSizeOneDimensions) {
   EXPECT_TRUE(p.untouched());
 }
 
+// options.workspace (C++ only: the C ABI has no forward workspace).
+TEST(ForwardWorkspace, MisalignedIsRefused) {
+  HostProblem p;
+  PoisonedBuffer workspace(4096);
+  p.options.workspace = offset_bytes(workspace.data(), 16);
+  p.options.workspace_bytes = 1024;
+  const Status s = p.call();
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "options.workspace is not 256-byte aligned",
+                      s.message);
+  EXPECT_TRUE(p.untouched());
+  EXPECT_TRUE(workspace.untouched());
+}
+
+TEST(ForwardWorkspace, OverlappingATensorIsRefused) {
+  for (const char* name : {"q", "out", "softmax_lse"}) {
+    HostProblem p;
+    void* base = std::string(name) == "q"     ? p.q.data
+                 : std::string(name) == "out" ? p.out.data
+                                               : static_cast<void*>(p.lse);
+    // 256-byte aligned, covering the tensor's first byte.
+    p.options.workspace = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(base) / 256 * 256);
+    p.options.workspace_bytes = 512;
+    const Status s = p.call();
+    EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring,
+                        std::string("options.workspace overlaps ") + name, s.message);
+    EXPECT_TRUE(p.untouched());
+  }
+}
+
+TEST(ForwardWorkspaceSize, NeedsNoDeviceAndGrowsWithTheHeadDim) {
+  size_t previous = 0;
+  for (const int64_t headdim : {64, 128, 256}) {
+    const Tensor q = Tensor::contiguous(far_address(1), DType::kBFloat16, 2, 1000, 8, headdim);
+    size_t bytes = 0;
+    const Status s = flash3::forward_workspace_size(q, &bytes);
+    ASSERT_TRUE(s.ok()) << s.message;
+    // Each of up to 144 CTAs: at least a 128-row fp32 tile of O.
+    EXPECT_GE(bytes, size_t{144} * 128 * headdim * sizeof(float)) << headdim;
+    EXPECT_EQ(bytes % 256, 0u) << headdim;
+    EXPECT_GT(bytes, previous) << headdim;
+    previous = bytes;
+  }
+}
+
+TEST(ForwardWorkspaceSize, RefusesWhatTheForwardRefuses) {
+  size_t bytes = 7;
+  Tensor q = Tensor::contiguous(far_address(1), DType::kBFloat16, 2, 1000, 8, 96);
+  Status s = flash3::forward_workspace_size(q, &bytes);
+  EXPECT_EQ(s.code, Code::kUnsupported) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::forward_workspace_size: headdim = 96",
+                      s.message);
+  q = Tensor::contiguous(far_address(1), DType::kFloat32, 2, 1000, 8, 128);
+  s = flash3::forward_workspace_size(q, &bytes);
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "q.dtype is float32", s.message);
+  q.dtype = DType::kFloat8E4M3;
+  EXPECT_TRUE(flash3::forward_workspace_size(q, &bytes).ok());
+  s = flash3::forward_workspace_size(q, nullptr);
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "bytes is null", s.message);
+}
+
 }  // namespace
 }  // namespace flash3::test

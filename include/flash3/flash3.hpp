@@ -67,6 +67,17 @@ struct ForwardOptions {
   bool causal = false;
   // Scale applied to Q K^T; 0 means 1/sqrt(headdim).
   float softmax_scale = 0.0f;
+  // Device scratch for the pieces of a split last wave of tiles (fp32
+  // partial outputs and flags): at least forward_workspace_size() bytes,
+  // 256-byte aligned, zero-filled before its first use. Each call leaves it
+  // fit for the next, so keep one for all forwards on one stream (calls that
+  // may run at the same time need their own); it must not overlap a tensor.
+  // Unlike the per-stream default it may be used while the stream is
+  // captured into a CUDA graph (allocate and zero it in the capture).
+  // nullptr: flash3 uses a buffer it keeps per (device, stream), and runs
+  // unsplit under graph capture.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;  // the size of workspace; ignored when it is nullptr
 };
 
 // Exact attention forward: out = softmax(scale * q k^T [masked]) v, per head;
@@ -76,6 +87,11 @@ struct ForwardOptions {
 Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                float* softmax_lse, const ForwardOptions& options = {},
                cudaStream_t stream = nullptr);
+
+// The workspace forward() and forward_fp8() may use for q's head dim, in
+// *bytes: a bound for any Hopper GPU, 7.5 / 9.9 / 19.3 MB at head dims 64 /
+// 128 / 256. Pure host code: needs no GPU.
+Status forward_workspace_size(const Tensor& q, size_t* bytes);
 
 struct BackwardOptions {
   // As the forward that produced out and softmax_lse.

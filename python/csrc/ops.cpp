@@ -11,11 +11,14 @@
 //   anything else -> RuntimeError,
 // with flash3's message; only what flash3 cannot see (tensor ranks, devices,
 // dtypes without a flash3 code) is checked here.
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <tuple>
 
 #include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -117,10 +120,37 @@ at::Device cuda_device_of(const Tensor& q, const char* name) {
 struct OnDevice {
   OnDevice(const Tensor& q, const char* name)
       : guard(cuda_device_of(q, name)),
-        stream(c10::cuda::getCurrentCUDAStream(q.device().index()).stream()) {}
+        torch_stream(c10::cuda::getCurrentCUDAStream(q.device().index())),
+        stream(torch_stream.stream()) {}
   c10::cuda::CUDAGuard guard;
+  c10::cuda::CUDAStream torch_stream;
   cudaStream_t stream;
 };
+
+// The forward's workspace (flash3.hpp: ForwardOptions::workspace), from
+// PyTorch's caching allocator: one per (device, stream), zeroed once and
+// kept (each forward leaves it fit for the next); while the stream is
+// captured into a CUDA graph, a fresh zeroed one (the memset is captured
+// with the forward, and the graph's pool owns the memory).
+Tensor forward_workspace(const Tensor& q, const flash3::Tensor& q_d, const OnDevice& on) {
+  size_t bytes = 0;
+  raise_unless_ok(forward_workspace_size(q_d, &bytes));
+  const auto options = q.options().dtype(at::kByte);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(on.stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    return at::zeros({static_cast<int64_t>(bytes)}, options);
+  }
+  static std::mutex mutex;
+  // Never destroyed: freeing at exit could run after CUDA has shut down.
+  static auto* workspaces = new std::map<std::pair<c10::DeviceIndex, c10::StreamId>, Tensor>();
+  const std::lock_guard<std::mutex> lock(mutex);
+  Tensor& workspace = (*workspaces)[{q.device().index(), on.torch_stream.id()}];
+  if (!workspace.defined() || workspace.numel() < static_cast<int64_t>(bytes)) {
+    workspace = at::zeros({static_cast<int64_t>(bytes)}, options);  // the old one: stream-ordered free
+  }
+  return workspace;
+}
 
 // ------------------------------------------------------------ allocations
 // One function per op, run by the CUDA and the Meta kernels alike, so the fake
@@ -170,6 +200,9 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
   float* lse = float_data(softmax_lse, "softmax_lse", device);
+  const Tensor workspace = forward_workspace(q, q_d, on);
+  options.workspace = workspace.data_ptr();
+  options.workspace_bytes = static_cast<size_t>(workspace.numel());
   raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, options, on.stream));
 }
 
@@ -282,6 +315,9 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
   options.softmax_scale = scale_of(softmax_scale);
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        out_d = describe(out, "out", device);
+  const Tensor workspace = forward_workspace(q, q_d, on);
+  options.workspace = workspace.data_ptr();
+  options.workspace_bytes = static_cast<size_t>(workspace.numel());
   raise_unless_ok(
       forward_fp8(q_d, k_d, v_layout, out_d, lse.data_ptr<float>(), descales, options, on.stream));
   return {out, lse};

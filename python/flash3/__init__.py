@@ -1,10 +1,13 @@
-"""flash3: FlashAttention-3 for NVIDIA Hopper, called from PyTorch (forward, and backward
-through autograd for float16/bfloat16, head dims 64 and 128).
+"""flash3: FlashAttention-3 for NVIDIA Hopper, called from PyTorch.
 
-A thin ctypes layer over libflash3.so (the C ABI in include/flash3/flash3.h); nothing
-is compiled against PyTorch. `import flash3` needs neither PyTorch nor the library:
-the library is looked up on first use (see flash3._lib.SEARCH_PATHS and $FLASH3_LIBRARY)
-and a missing one raises flash3.LibraryNotFoundError saying how to build or point to it.
+flash3.flash_attn_interface has FlashAttention-3's Python interface (flash_attn_func,
+flash_attn_qkvpacked_func, ...) over flash3's registered PyTorch operators
+(torch.ops.flash3.*: autograd, torch.compile, CUDA graphs); flash3._lib is a ctypes
+binding of the C ABI (include/flash3/flash3.h) that needs no PyTorch. `import flash3`
+loads neither: the operators load on first use of flash_attn_func / flash_attn_fp8_func
+(or on importing flash3.flash_attn_interface), and a missing library raises
+flash3.LibraryNotFoundError saying how to build or install it. docs/python.md has what
+is supported.
 
     from flash3 import flash_attn_func   # or: from flash3.flash_attn_interface import ...
     out = flash_attn_func(q, k, v, causal=True)

@@ -134,6 +134,30 @@ _CALLS = {
 }
 
 
+# The CUDA version the library is built for (static CUDA runtime 13.0): the driver must
+# support it (R580 or newer).
+CUDA_DRIVER_NEEDED = 13000
+
+
+def check_driver():
+    """Raises LibraryNotFoundError when an NVIDIA driver is installed but too old for
+    flash3's CUDA 13 build. No driver at all is not an error here: every call then says
+    that there is no GPU."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return
+    version = ctypes.c_int(0)
+    if cuda.cuDriverGetVersion(ctypes.byref(version)) != 0 or version.value == 0:
+        return
+    if version.value < CUDA_DRIVER_NEEDED:
+        have = f"{version.value // 1000}.{version.value % 1000 // 10}"
+        raise LibraryNotFoundError(
+            f"flash3: the NVIDIA driver supports CUDA {have}, but flash3 is built with CUDA 13.0 "
+            f"and needs a driver for CUDA 13.0 or newer (R580+); update the driver"
+        )
+
+
 def _find_library():
     if LIBRARY_ENV in os.environ:
         path = Path(os.environ[LIBRARY_ENV])
@@ -152,6 +176,7 @@ def _find_library():
 @functools.cache
 def library():
     """The loaded libflash3.so, with argument and return types declared."""
+    check_driver()
     path = _find_library()
     try:
         lib = ctypes.CDLL(str(path))

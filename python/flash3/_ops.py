@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ._lib import LibraryNotFoundError
+from ._lib import LibraryNotFoundError, check_driver
 
 OPS_ENV = "FLASH3_OPS_LIBRARY"
 OPS_NAME = "_flash3_ops.so"
@@ -37,6 +37,7 @@ def _find():
 
 def _load():
     if not hasattr(torch.ops.flash3, "fwd"):
+        check_driver()
         path = _find()
         try:
             torch.ops.load_library(str(path))

@@ -185,3 +185,24 @@ def test_descales_are_for_fp8_inputs_only(name):
     q = torch.randn(1, 128, 2, 64)
     with pytest.raises(ValueError, match="float8_e4m3fn inputs only"):
         flash_attn_func(q, q, q, **{name: torch.ones(1, 2)})
+
+
+@requires_hopper
+@pytest.mark.parametrize("first, second", [(128, 64), (64, 128), (256, 64), (64, 256), (128, 256), (256, 128)])
+def test_tail_split_workspace_shared_by_head_dims(first, second):
+    # Non-causal, long enough for the long-sequence kernels, and a last wave of tiles that
+    # is split in pieces (src/sm90/fwd/tail_split.hpp): the pieces meet in the stream's
+    # workspace, whose flags must be zero whatever head dim used it before.
+    stream = torch.cuda.Stream()
+    inputs = {d: qkv(2, 3000, 3000, 13, 13, d, torch.bfloat16) for d in (first, second)}
+    torch.cuda.current_stream().synchronize()
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            call(*inputs[first])
+            after_other = call(*inputs[second])
+    alone_stream = torch.cuda.Stream()  # a workspace only `second` uses
+    alone_stream.wait_stream(stream)
+    with torch.cuda.stream(alone_stream):
+        alone = call(*inputs[second])
+    alone_stream.synchronize()
+    assert torch.equal(after_other, alone)

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kernels_built.hpp"  // generated: the (dtype, head dim) pairs of FLASH3_KERNELS
+#include "sm90/fwd/tail_split.hpp"
 #include "sm90/head_dims.hpp"
 #include "validate.hpp"
 
@@ -66,6 +67,16 @@ Status dispatch_fp8(const ForwardParams& p, cudaStream_t stream) {
 }  // namespace
 
 Status dispatch(const ForwardParams& p, cudaStream_t stream) {
+  if (p.workspace != nullptr) {
+    const size_t need = sm90::fwd::PartialWorkspace::bound(p.num_sms, p.headdim);
+    if (p.workspace_bytes < need) {
+      return Status{StatusCode::kInvalidArgument,
+                    std::string(p.dtype == DType::kFloat8E4M3 ? kForwardFp8Call : kForwardCall) +
+                        ": options.workspace_bytes = " + std::to_string(p.workspace_bytes) +
+                        " is less than the " + std::to_string(need) + " bytes a forward of head dim " +
+                        std::to_string(p.headdim) + " needs (forward_workspace_size)"};
+    }
+  }
   if (p.dtype == DType::kFloat8E4M3) {
     return dispatch_fp8(p, stream);
   }

@@ -1,4 +1,7 @@
 // The C++ entry point of the forward: validate, check the device, dispatch.
+#include <exception>
+#include <string>
+
 #include "call.hpp"
 #include "flash3/flash3.hpp"
 #include "validate.hpp"
@@ -13,6 +16,18 @@ Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
         return detail::validate_forward(q, k, v, out, softmax_lse, options, params);
       },
       stream);
+}
+
+Status forward_workspace_size(const Tensor& q, size_t* bytes) {
+  // Needs no device: a bound over every Hopper GPU's SM count.
+  try {
+    return detail::validate_forward_workspace_size(q, bytes);
+  } catch (const std::exception& e) {
+    return Status{StatusCode::kInternal, std::string(detail::kForwardWorkspaceCall) + ": " + e.what()};
+  } catch (...) {
+    return Status{StatusCode::kInternal,
+                  std::string(detail::kForwardWorkspaceCall) + ": unknown exception"};
+  }
 }
 
 const char* version() { return flash3_version(); }

@@ -17,6 +17,11 @@ Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         float* softmax_lse, const ForwardOptions& options,
                         ForwardParams* params);
 
+// Checks q and bytes as forward_workspace_size() takes them; on success
+// sets *bytes to the size of a forward workspace for q's head dim on any
+// Hopper GPU. On error *bytes is left as it was.
+Status validate_forward_workspace_size(const Tensor& q, size_t* bytes);
+
 // Checks the backward's tensors, softmax_lse and options (the workspace, if
 // given, against backward_workspace_size); on success fills `params`
 // (everything but the device fields) and returns an ok Status.

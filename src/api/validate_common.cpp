@@ -1,8 +1,10 @@
 #include "validate_common.hpp"
 
+#include "sm90/fwd/tail_split.hpp"
 #include "sm90/head_dims.hpp"
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 namespace flash3::detail {
@@ -278,6 +280,41 @@ Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardO
   return check_lse_rows(q);
 }
 
+Span lse_span(const Tensor& q, const float* softmax_lse) {
+  Span span;
+  if (softmax_lse != nullptr) {
+    float_span(softmax_lse, static_cast<uint64_t>(q.shape[0] * q.shape[1] * q.shape[2]), &span);
+  }
+  return span;
+}
+
+Status check_forward_workspace(const ForwardOptions& options,
+                               std::initializer_list<NamedSpan> spans) {
+  if (options.workspace == nullptr) {
+    return Status{};
+  }
+  constexpr size_t kAlign = sm90::fwd::PartialWorkspace::kAlign;
+  if (reinterpret_cast<uintptr_t>(options.workspace) % kAlign != 0) {
+    return invalid("options.workspace is not ", kAlign, "-byte aligned");
+  }
+  const unsigned __int128 end =
+      static_cast<unsigned __int128>(reinterpret_cast<uintptr_t>(options.workspace)) +
+      options.workspace_bytes;
+  if (end > std::numeric_limits<uint64_t>::max()) {
+    return invalid("options.workspace: its ", options.workspace_bytes,
+                   " bytes address past the end of the address space");
+  }
+  const Span workspace{reinterpret_cast<uintptr_t>(options.workspace),
+                       static_cast<uint64_t>(end)};
+  for (const auto& [name, span] : spans) {
+    if (intersect(workspace, span)) {
+      return invalid("options.workspace overlaps ", name,
+                     " in memory; the workspace must not alias a tensor");
+    }
+  }
+  return Status{};
+}
+
 void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor& out,
                   float* softmax_lse, const ForwardOptions& options, ForwardParams* p) {
   p->q = q.data;
@@ -298,6 +335,8 @@ void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor&
   p->out_stride = strides_of(out);
   p->softmax_scale = resolve_softmax_scale(options.softmax_scale, p->headdim);
   p->causal = options.causal;
+  p->workspace = options.workspace;
+  p->workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
 }
 
 }  // namespace validation

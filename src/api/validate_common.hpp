@@ -3,6 +3,8 @@
 // tests, and the pieces both forwards use. Pure host code, like validate.hpp.
 #pragma once
 
+#include <initializer_list>
+
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -83,6 +85,18 @@ bool elements_intersect(const Tensor& a, const Tensor& b);
 // The span of `count` floats at `data`; false if it passes the end of the
 // address space.
 bool float_span(const float* data, uint64_t count, Span* span);
+
+// options.workspace of a forward, when given: aligned, not aliasing any of
+// `spans` (its size against this device's need is checked at dispatch).
+struct NamedSpan {
+  const char* name;
+  Span span;
+};
+// The span of a forward's softmax_lse ((batch, heads_q, seqlen_q) floats;
+// empty when null), after check_lse_and_options.
+Span lse_span(const Tensor& q, const float* softmax_lse);
+Status check_forward_workspace(const ForwardOptions& options,
+                               std::initializer_list<NamedSpan> spans);
 
 // Unsupported (naming the head dims the kernels have) unless d is one of
 // them (sm90/head_dims.hpp).

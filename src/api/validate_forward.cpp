@@ -1,4 +1,5 @@
 // The argument checks of flash3::forward.
+#include "sm90/fwd/tail_split.hpp"
 #include "validate_common.hpp"
 
 namespace flash3::detail {
@@ -63,6 +64,12 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   if (Status s = check_lse_and_options(q, softmax_lse, options); !s.ok()) {
     return s;
   }
+  if (Status s = check_forward_workspace(
+          options, {{"q", span_of(q)}, {"k", span_of(k)}, {"v", span_of(v)}, {"out", span_of(out)},
+                    {"softmax_lse", lse_span(q, softmax_lse)}});
+      !s.ok()) {
+    return s;
+  }
 
   ForwardParams p;
   fill_forward(q, k, v.data, out, softmax_lse, options, &p);
@@ -72,6 +79,30 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 }
 
 }  // namespace
+
+Status validate_forward_workspace_size(const Tensor& q, size_t* bytes) {
+  const auto check = [&]() -> Status {
+    if (bytes == nullptr) {
+      return invalid("bytes is null");
+    }
+    // q of either forward: float16, bfloat16 or float8_e4m3.
+    const auto any_forward_dtype = [](const char* name, DType dtype) {
+      return dtype == DType::kFloat32
+                 ? invalid(name, ".dtype is float32; use float16, bfloat16 or float8_e4m3")
+                 : Status{};
+    };
+    if (Status s = check_tensor("q", q, any_forward_dtype); !s.ok()) {
+      return s;
+    }
+    if (Status s = check_headdim(q.shape[3]); !s.ok()) {
+      return s;
+    }
+    using sm90::fwd::PartialWorkspace;
+    *bytes = PartialWorkspace::bound(PartialWorkspace::kMaxSms, static_cast<int>(q.shape[3]));
+    return Status{};
+  };
+  return with_call(kForwardWorkspaceCall, check());
+}
 
 Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         float* softmax_lse, const ForwardOptions& options,

@@ -16,6 +16,7 @@ inline constexpr char kForwardFp8Call[] = "flash3::forward_fp8";
 inline constexpr char kFp8VLayoutCall[] = "flash3::fp8_v_layout";
 inline constexpr char kBackwardCall[] = "flash3::backward";
 inline constexpr char kBackwardWorkspaceCall[] = "flash3::backward_workspace_size";
+inline constexpr char kForwardWorkspaceCall[] = "flash3::forward_workspace_size";
 
 #if defined(__CUDACC__)
 #define FLASH3_HOST_DEVICE __host__ __device__
@@ -108,7 +109,10 @@ struct ForwardParams : DeviceFields, AttentionProblem {
   Strides3 q_stride, k_stride, v_stride, out_stride;
   // FP8 only: v is in the Fp8V layout (v_stride unused), and the descales.
   DescaleParams q_descale, k_descale, v_descale;
-
+  // The tail split's workspace (fwd/tail_split.hpp: PartialWorkspace), at
+  // least PartialWorkspace::bound bytes; null: the per-stream buffer.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 struct BackwardParams : DeviceFields, AttentionProblem {

@@ -91,16 +91,20 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
                             setup.max_clusters, steps.split, steps.blocks);
   if (grid.tail.tail_blocks > 0) {
-    // The workspace (epilogue.cuh): every CTA's flags, then log-sum-exps,
-    // then partial O; the flags' region padded to 256 bytes.
     using Epilogue = sm90::fwd::Epilogue<T>;
-    const size_t flag_bytes =
-        (grid.ctas * Epilogue::kPartialFlags * sizeof(uint32_t) + 255) / 256 * 256;
+    using Workspace = sm90::fwd::PartialWorkspace;
+    static_assert(Epilogue::kPartialFlags <= Workspace::kMaxFlagsPerCta &&
+                  T::kBlockM <= Workspace::max_block_m(T::kHeadDimV) &&
+                  T::kConsumerThreads <= Workspace::kMaxConsumerThreads);
+    const size_t flag_bytes = Workspace::flag_bytes(p.num_sms);
     const size_t lse_floats = static_cast<size_t>(grid.ctas) * Epilogue::kPartialLseFloats;
     const size_t o_floats = static_cast<size_t>(grid.ctas) * Epilogue::kPartialOFloats;
-    uint8_t* ws = static_cast<uint8_t*>(stream_workspace(
-        p.device, stream, flag_bytes + (lse_floats + o_floats) * sizeof(float), flag_bytes));
-    if (ws != nullptr) {
+    const size_t bytes = flag_bytes + (lse_floats + o_floats) * sizeof(float);
+    // The caller's (dispatch checked it holds Workspace::bound), else the stream's.
+    uint8_t* ws = static_cast<uint8_t*>(
+        p.workspace != nullptr ? p.workspace
+                               : stream_workspace(p.device, stream, bytes, flag_bytes));
+    if (ws != nullptr && grid.ctas <= static_cast<unsigned>(p.num_sms)) {
       args.partial_flags = reinterpret_cast<uint32_t*>(ws);
       args.partial_lse = reinterpret_cast<float*>(ws + flag_bytes);
       args.partial_o = args.partial_lse + lse_floats;

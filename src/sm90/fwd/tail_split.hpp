@@ -17,6 +17,9 @@
 // waits for them, folds their pieces into its own and stores O.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "../problem.hpp"  // FLASH3_HOST_DEVICE
 
 namespace flash3::sm90::fwd {
@@ -127,6 +130,31 @@ struct TailSchedule {
     const int q = seg / 2, c_long = long_blocks(q);
     *start = q * (n_blocks + 1) + (seg % 2 ? c_long : 0);
     *len = seg % 2 ? n_blocks + 1 - c_long : c_long;
+  }
+};
+
+// The tail split's workspace (epilogue.cuh): a flag for each consumer
+// warpgroup of every CTA the device can hold (a grid never has more CTAs
+// than SMs: grid.hpp), then each CTA's partial log-sum-exps and O, fp32. The
+// flags' region depends on the SM count alone, so one buffer, zeroed once,
+// serves every kernel whichever used it before: each leaves its flags zero.
+struct PartialWorkspace {
+  static constexpr int kMaxFlagsPerCta = 3;           // consumer warpgroups
+  static constexpr int kMaxConsumerThreads = 3 * 128;
+  static constexpr size_t kAlign = 256;
+  static constexpr int kMaxSms = 144;  // GH100's full die: no Hopper GPU has more
+
+  static size_t flag_bytes(int num_sms) {
+    return (static_cast<size_t>(num_sms) * kMaxFlagsPerCta * sizeof(uint32_t) + kAlign - 1) /
+           kAlign * kAlign;
+  }
+  // The most query rows of a CTA's tile at this head dim (traits.cuh).
+  static constexpr int max_block_m(int headdim) { return headdim <= 64 ? 192 : 128; }
+  // At least what any forward kernel of this head dim needs on this device.
+  static size_t bound(int num_sms, int headdim) {
+    const size_t partial_floats =
+        static_cast<size_t>(max_block_m(headdim)) * headdim + 2 * kMaxConsumerThreads;
+    return flag_bytes(num_sms) + static_cast<size_t>(num_sms) * partial_floats * sizeof(float);
   }
 };
 
