@@ -95,8 +95,8 @@ def run_cell(dtype, headdim, causal, seqlen, args, reasons):
     batch, heads = max(1, TOKENS // seqlen), HIDDEN // headdim
     q, k, v = (torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
     flops = 4 * batch * heads * seqlen**2 * headdim / (2 if causal else 1)
-    if args.backward:  # each library's own backward of its own forward; dq compared
-        flops *= 2.5
+    if args.backward or args.train:  # each library's own backward of its own forward; dq compared
+        flops *= 2.5 if args.backward else 3.5
         for x in (q, k, v):
             x.requires_grad_()
         dout = torch.randn_like(q)
@@ -108,6 +108,8 @@ def run_cell(dtype, headdim, causal, seqlen, args, reasons):
                 if args.backward:
                     out = fn(q, k, v, causal)
                     call = (lambda out=out: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)[0])
+                elif args.train:  # a training step's attention: forward, then backward
+                    call = (lambda fn=fn: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout)[0])
                 else:
                     call = (lambda fn=fn: fn(q, k, v, causal))
                 outs[name] = call()
@@ -156,7 +158,7 @@ def print_row(cells):
 
 
 def write_markdown(path, meta, records):
-    lines = [f"# flash3 forward vs PyTorch SDPA (TFLOP/s), {meta['device']}, {meta['date']}", "",
+    lines = [f"# flash3 {meta['direction']} vs PyTorch SDPA (TFLOP/s), {meta['device']}, {meta['date']}", "",
              f"`{meta['command']}`; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
              f"flash3 {meta['flash3']}, commit {meta['commit']}. diff: max |out - cuDNN's out|.", "",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
@@ -190,7 +192,7 @@ def write_plot(path, meta, records):
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     axes[0][0].legend()
-    fig.suptitle(f"Attention forward, {meta['device']}")
+    fig.suptitle(f"Attention {meta['direction']}, {meta['device']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -208,6 +210,8 @@ def main():
     parser.add_argument("--quick", action="store_true", help="a fast look: --dtype bf16 --seqlen 1024,8192")
     parser.add_argument("--backward", action="store_true",
                         help="time the backward (FLOPs 2.5x the forward's; dq compared with cuDNN's)")
+    parser.add_argument("--train", action="store_true",
+                        help="time forward + backward together (FLOPs 3.5x the forward's; dq compared)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", help="write the records and metadata here")
@@ -215,6 +219,8 @@ def main():
     parser.add_argument("--plot", help="write TFLOP/s against seqlen here (PNG)")
     parser.add_argument("--commit", help="recorded in the metadata")
     args = parser.parse_args()
+    if args.backward and args.train:
+        parser.error("--backward and --train are exclusive")
     if args.quick:
         args.dtype, args.seqlen = "bf16", [1024, 8192]
     if not torch.cuda.is_available():
@@ -232,9 +238,10 @@ def main():
         "commit": args.commit, "flash3": flash3_version, "torch": torch.__version__,
         "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
         "warmup": args.warmup, "iters": args.iters,
+        "direction": "backward" if args.backward else "forward+backward" if args.train else "forward",
     }
     print(f"{meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, flash3 {flash3_version}: "
-          f"TFLOP/s, median of {args.iters} calls after {args.warmup} warm-up")
+          f"{meta['direction']} TFLOP/s, median of {args.iters} calls after {args.warmup} warm-up")
     print_row(HEADER)
     records, reasons = [], set()
     for dtype in DTYPES if args.dtype == "all" else [args.dtype]:
