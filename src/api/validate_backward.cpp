@@ -206,32 +206,18 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   }
 
   if (options.workspace != nullptr) {
-    if (reinterpret_cast<uintptr_t>(options.workspace) % WorkspaceLayout::kAlign != 0) {
-      return invalid("options.workspace is not ", WorkspaceLayout::kAlign, "-byte aligned");
-    }
     if (options.workspace_bytes < layout.bytes) {
       return invalid("options.workspace_bytes = ", options.workspace_bytes, " is less than the ",
                      layout.bytes, " bytes these shapes need (backward_workspace_size)");
     }
     // What the kernels use of it: its first layout.bytes.
-    const unsigned __int128 end =
-        static_cast<unsigned __int128>(reinterpret_cast<uintptr_t>(options.workspace)) +
-        layout.bytes;
-    if (end > std::numeric_limits<uint64_t>::max()) {
-      return invalid("options.workspace: its ", layout.bytes,
-                     " bytes address past the end of the address space");
-    }
-    const Span workspace{reinterpret_cast<uintptr_t>(options.workspace),
-                         static_cast<uint64_t>(end)};
-    for (const auto& [name, t] : tensors) {
-      if (intersect(workspace, span_of(t))) {
-        return invalid("options.workspace overlaps ", name,
-                       " in memory; the workspace must not alias a tensor");
-      }
-    }
-    if (intersect(workspace, lse_span)) {
-      return invalid("options.workspace overlaps softmax_lse in memory; the workspace must not "
-                     "alias a tensor");
+    if (Status s = check_workspace(
+            options.workspace, layout.bytes, WorkspaceLayout::kAlign,
+            {{"dout", span_of(dout)}, {"q", span_of(q)}, {"k", span_of(k)}, {"v", span_of(v)},
+             {"out", span_of(out)}, {"dq", span_of(dq)}, {"dk", span_of(dk)}, {"dv", span_of(dv)},
+             {"softmax_lse", lse_span}});
+        !s.ok()) {
+      return s;
     }
   }
 

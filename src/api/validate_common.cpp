@@ -288,31 +288,34 @@ Span lse_span(const Tensor& q, const float* softmax_lse) {
   return span;
 }
 
-Status check_forward_workspace(const ForwardOptions& options,
-                               std::initializer_list<NamedSpan> spans) {
-  if (options.workspace == nullptr) {
-    return Status{};
-  }
-  constexpr size_t kAlign = sm90::fwd::PartialWorkspace::kAlign;
-  if (reinterpret_cast<uintptr_t>(options.workspace) % kAlign != 0) {
-    return invalid("options.workspace is not ", kAlign, "-byte aligned");
+Status check_workspace(const void* workspace, size_t bytes, size_t align,
+                       std::initializer_list<NamedSpan> spans) {
+  if (reinterpret_cast<uintptr_t>(workspace) % align != 0) {
+    return invalid("options.workspace is not ", align, "-byte aligned");
   }
   const unsigned __int128 end =
-      static_cast<unsigned __int128>(reinterpret_cast<uintptr_t>(options.workspace)) +
-      options.workspace_bytes;
+      static_cast<unsigned __int128>(reinterpret_cast<uintptr_t>(workspace)) + bytes;
   if (end > std::numeric_limits<uint64_t>::max()) {
-    return invalid("options.workspace: its ", options.workspace_bytes,
+    return invalid("options.workspace: its ", bytes,
                    " bytes address past the end of the address space");
   }
-  const Span workspace{reinterpret_cast<uintptr_t>(options.workspace),
-                       static_cast<uint64_t>(end)};
-  for (const auto& [name, span] : spans) {
-    if (intersect(workspace, span)) {
+  const Span span{reinterpret_cast<uintptr_t>(workspace), static_cast<uint64_t>(end)};
+  for (const auto& [name, other] : spans) {
+    if (intersect(span, other)) {
       return invalid("options.workspace overlaps ", name,
                      " in memory; the workspace must not alias a tensor");
     }
   }
   return Status{};
+}
+
+Status check_forward_workspace(const ForwardOptions& options,
+                               std::initializer_list<NamedSpan> spans) {
+  if (options.workspace == nullptr) {
+    return Status{};
+  }
+  return check_workspace(options.workspace, options.workspace_bytes,
+                         sm90::fwd::PartialWorkspace::kAlign, spans);
 }
 
 void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor& out,

@@ -86,12 +86,17 @@ bool elements_intersect(const Tensor& a, const Tensor& b);
 // address space.
 bool float_span(const float* data, uint64_t count, Span* span);
 
-// options.workspace of a forward, when given: aligned, not aliasing any of
-// `spans` (its size against this device's need is checked at dispatch).
+// A caller's workspace, of which the kernels use `bytes`: aligned to
+// `align`, inside the address space, not aliasing any of `spans`.
 struct NamedSpan {
   const char* name;
   Span span;
 };
+Status check_workspace(const void* workspace, size_t bytes, size_t align,
+                       std::initializer_list<NamedSpan> spans);
+// options.workspace of a forward, when given: check_workspace over its
+// workspace_bytes (its size against this device's need is checked at
+// dispatch).
 // The span of a forward's softmax_lse ((batch, heads_q, seqlen_q) floats;
 // empty when null), after check_lse_and_options.
 Span lse_span(const Tensor& q, const float* softmax_lse);
