@@ -111,6 +111,9 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
                       BackwardParams* params) {
   const Named tensors[] = {{"dout", dout}, {"q", q},   {"k", k},   {"v", v},
                            {"out", out},   {"dq", dq}, {"dk", dk}, {"dv", dv}};
+  if (Status s = check_headdim_first(q); !s.ok()) {
+    return s;
+  }
   for (const auto& [name, t] : tensors) {
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
       return s;

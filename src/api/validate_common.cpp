@@ -211,6 +211,10 @@ Status check_headdim(int64_t d) {
   return Status{};
 }
 
+Status check_headdim_first(const Tensor& q) {
+  return q.shape[3] > 0 ? check_headdim(q.shape[3]) : Status{};
+}
+
 Strides3 strides_of(const Tensor& t) {
   // Dimensions of size 1 may carry any stride (PyTorch's do); give them a
   // harmless one that TMA accepts.

@@ -106,6 +106,10 @@ Status check_forward_workspace(const ForwardOptions& options,
 // Unsupported (naming the head dims the kernels have) unless d is one of
 // them (sm90/head_dims.hpp).
 Status check_headdim(int64_t d);
+// check_headdim of q's head dim when it is positive, before the tensors'
+// own checks: a head dim without a kernel (d = 59) is refused as such rather
+// than blamed on the strides it makes (59 x 2 bytes is not a multiple of 16).
+Status check_headdim_first(const Tensor& q);
 
 // The (batch, seqlen, heads, headdim) sizes of a validated tensor into params.
 template <class Params>

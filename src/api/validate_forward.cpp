@@ -25,6 +25,9 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     const char* name;
     const Tensor& t;
   } tensors[] = {{"q", q}, {"k", k}, {"v", v}, {"out", out}};
+  if (Status s = check_headdim_first(q); !s.ok()) {
+    return s;
+  }
   for (const auto& [name, t] : tensors) {
     if (Status s = check_tensor(name, t, forward_dtype); !s.ok()) {
       return s;
@@ -87,14 +90,16 @@ Status validate_forward_workspace_size(const Tensor& q, size_t* bytes) {
     }
     // q of either forward: float16, bfloat16 or float8_e4m3.
     const auto any_forward_dtype = [](const char* name, DType dtype) {
-      return dtype == DType::kFloat32
-                 ? invalid(name, ".dtype is float32; use float16, bfloat16 or float8_e4m3")
-                 : Status{};
+      switch (dtype) {
+        case DType::kFloat16: case DType::kBFloat16: case DType::kFloat8E4M3: return Status{};
+        default: return invalid(name, ".dtype is ", dtype_name(dtype), "; use float16, bfloat16 or float8_e4m3");
+      }
     };
-    if (Status s = check_tensor("q", q, any_forward_dtype); !s.ok()) {
+    // Only what the size depends on: the head dim (and a dtype a forward takes).
+    if (Status s = check_headdim(q.shape[3]); !s.ok()) {
       return s;
     }
-    if (Status s = check_headdim(q.shape[3]); !s.ok()) {
+    if (Status s = any_forward_dtype("q", q.dtype); !s.ok()) {
       return s;
     }
     using sm90::fwd::PartialWorkspace;

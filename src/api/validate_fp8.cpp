@@ -134,6 +134,10 @@ Status check_descale(const char* tensor, const Fp8Descale& d, int64_t batch, int
 Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const Tensor& out,
                          float* softmax_lse, const Fp8Descales& descales,
                          const ForwardOptions& options, ForwardParams* params) {
+  if (q.shape[3] > 0 && !contains(Fp8HeadDims{}, q.shape[3])) {  // as check_headdim_first
+    return unsupported("headdim = ", q.shape[3], " is not supported by the FP8 forward; supported: ",
+                       list_text(Fp8HeadDims{}));
+  }
   if (Status s = check_tensor("q", q, fp8_input_dtype); !s.ok()) {
     return s;
   }
@@ -158,10 +162,6 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
   }
   if (Status s = check_fp8_v_shape("v", v, "k", k); !s.ok()) {
     return s;
-  }
-  if (!contains(Fp8HeadDims{}, q.shape[3])) {
-    return unsupported("headdim = ", q.shape[3], " is not supported by the FP8 forward; supported: ",
-                       list_text(Fp8HeadDims{}));
   }
   if (Status s = check_out_and_heads(q, k, out); !s.ok()) {
     return s;

@@ -26,11 +26,22 @@ struct PostpassArgs {
 
 inline constexpr int kPostpassThreads = 256;
 
+// One query block: its fp32 sums read in thread order (coalesced float4s),
+// scaled, converted and put in a row-major shared tile, then written out in
+// 16-byte row pieces (a warp writes whole rows). Writing the 4-byte pairs of
+// the thread order straight out left half of each 32-byte sector of a store
+// unwritten: H200, d128 seqlen 512, this pass took 124 us against cuDNN's
+// 58 for the same conversion.
 template <class T>
 __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const PostpassArgs args) {
   using Element = typename T::Element;
   constexpr int kThreads = T::kWarpgroupThreads;
   constexpr int kChunks = T::kDqRowGroups * T::kDqAccRegs / 4;  // float4s per thread
+  // Rows padded by 16 bytes: the 8 rows a warp's pairs fall in start 4 banks
+  // apart, so its 32 4-byte writes hit 32 banks.
+  constexpr int kRowElements = T::kHeadDim + 16 / static_cast<int>(sizeof(Element));
+  constexpr int kPieces = T::kHeadDim * static_cast<int>(sizeof(Element)) / 16;  // per row
+  __shared__ __align__(16) Element tile[T::kBlockM * kRowElements];
   const int m_block = static_cast<int>(blockIdx.x);
   const int head = static_cast<int>(blockIdx.y);
   const int batch = static_cast<int>(blockIdx.z);
@@ -38,7 +49,6 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
       args.dq_accum + (padded_rows_before(batch, head, args.heads_q, args.padded_seqlen_q) +
                        m_block * T::kBlockM) *
                           T::kHeadDim);
-  Element* dq = static_cast<Element*>(args.dq) + args.dq_stride.offset(batch, 0, head);
   for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4; i += kPostpassThreads) {
     const float4 v = accum[i];
     // Chunk c of thread t of warpgroup w: registers 4c .. 4c + 3 of its dQ,
@@ -47,16 +57,23 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
     const int reg = 4 * chunk;
     const int rg = reg / T::kDqAccRegs, in_group = reg % T::kDqAccRegs;
     const int lane = t % 32;
-    const int row = m_block * T::kBlockM + rg * kMmaM + (t / 32) * 16 + lane / 4;
+    const int row = rg * kMmaM + (t / 32) * 16 + lane / 4;  // in the block
     const int col = w * T::kDqCols + 8 * (in_group / 4) + 2 * (lane % 4);
-    if (row < args.seqlen_q) {
-      *reinterpret_cast<uint32_t*>(dq + row * args.dq_stride.seq + col) =
-          pack2<Element>(v.x * args.softmax_scale, v.y * args.softmax_scale);
-    }
-    if (row + 8 < args.seqlen_q) {
-      *reinterpret_cast<uint32_t*>(dq + (row + 8) * args.dq_stride.seq + col) =
-          pack2<Element>(v.z * args.softmax_scale, v.w * args.softmax_scale);
-    }
+    *reinterpret_cast<uint32_t*>(&tile[row * kRowElements + col]) =
+        pack2<Element>(v.x * args.softmax_scale, v.y * args.softmax_scale);
+    *reinterpret_cast<uint32_t*>(&tile[(row + 8) * kRowElements + col]) =
+        pack2<Element>(v.z * args.softmax_scale, v.w * args.softmax_scale);
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(args.dq) + args.dq_stride.offset(batch, 0, head);
+  const int rows = min(T::kBlockM, args.seqlen_q - m_block * T::kBlockM);
+  for (int i = static_cast<int>(threadIdx.x); i < rows * kPieces; i += kPostpassThreads) {
+    const int row = i / kPieces, piece = i % kPieces;
+    constexpr int kPieceElements = 16 / static_cast<int>(sizeof(Element));
+    *reinterpret_cast<uint4*>(dq + static_cast<int64_t>(m_block * T::kBlockM + row) *
+                                       args.dq_stride.seq +
+                              piece * kPieceElements) =
+        *reinterpret_cast<const uint4*>(&tile[row * kRowElements + piece * kPieceElements]);
   }
 }
 
