@@ -134,7 +134,9 @@ struct OnDevice {
 // with the forward, and the graph's pool owns the memory).
 Tensor forward_workspace(const Tensor& q, const flash3::Tensor& q_d, const OnDevice& on) {
   size_t bytes = 0;
-  raise_unless_ok(forward_workspace_size(q_d, &bytes));
+  if (!forward_workspace_size(q_d, &bytes).ok()) {
+    return Tensor();  // none: the forward refuses q and says why
+  }
   const auto options = q.options().dtype(at::kByte);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(on.stream, &capture));
@@ -150,6 +152,13 @@ Tensor forward_workspace(const Tensor& q, const flash3::Tensor& q_d, const OnDev
     workspace = at::zeros({static_cast<int64_t>(bytes)}, options);  // the old one: stream-ordered free
   }
   return workspace;
+}
+
+void set_workspace(const Tensor& workspace, ForwardOptions* options) {
+  if (workspace.defined()) {
+    options->workspace = workspace.data_ptr();
+    options->workspace_bytes = static_cast<size_t>(workspace.numel());
+  }
 }
 
 // ------------------------------------------------------------ allocations
@@ -201,8 +210,7 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
   float* lse = float_data(softmax_lse, "softmax_lse", device);
   const Tensor workspace = forward_workspace(q, q_d, on);
-  options.workspace = workspace.data_ptr();
-  options.workspace_bytes = static_cast<size_t>(workspace.numel());
+  set_workspace(workspace, &options);
   raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, options, on.stream));
 }
 
@@ -316,8 +324,7 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        out_d = describe(out, "out", device);
   const Tensor workspace = forward_workspace(q, q_d, on);
-  options.workspace = workspace.data_ptr();
-  options.workspace_bytes = static_cast<size_t>(workspace.numel());
+  set_workspace(workspace, &options);
   raise_unless_ok(
       forward_fp8(q_d, k_d, v_layout, out_d, lse.data_ptr<float>(), descales, options, on.stream));
   return {out, lse};
