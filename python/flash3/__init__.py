@@ -23,7 +23,9 @@ def __getattr__(name):
     if name in ("flash_attn_func", "flash_attn_fp8_func"):
         from . import flash_attn_interface
 
-        return getattr(flash_attn_interface, name)
+        value = getattr(flash_attn_interface, name)
+        globals()[name] = value  # later lookups skip this function
+        return value
     if name == "__version__":
         from ._lib import version
 
