@@ -44,6 +44,8 @@ inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Ten
   args.softmax_lse = softmax_lse;
   args.softmax_scale = options.softmax_scale;
   args.causal = options.causal ? 1 : 0;
+  args.workspace = options.workspace;
+  args.workspace_bytes = options.workspace_bytes;
   return args;
 }
 
@@ -91,6 +93,8 @@ inline flash3_forward_fp8_args to_c_args(const Tensor& q, const Tensor& k, const
   args.v_descale = to_c(descales.v);
   args.softmax_scale = options.softmax_scale;
   args.causal = options.causal ? 1 : 0;
+  args.workspace = options.workspace;
+  args.workspace_bytes = options.workspace_bytes;
   return args;
 }
 

@@ -145,17 +145,22 @@ TEST(ValidForward, IgnoresStridesOfSizeOneDimensions) {
   EXPECT_TRUE(p.untouched());
 }
 
-// options.workspace (C++ only: the C ABI has no forward workspace).
+// options.workspace, through the C++ API and the C ABI (its workspace fields).
+void expect_refused_both_ways(const HostProblem& p, const std::string& message) {
+  const Status s = p.call();
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, message, s.message);
+  EXPECT_EQ(p.c_call(), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, message, flash3_last_error());
+  EXPECT_TRUE(p.untouched());
+}
+
 TEST(ForwardWorkspace, MisalignedIsRefused) {
   HostProblem p;
   PoisonedBuffer workspace(4096);
   p.options.workspace = offset_bytes(workspace.data(), 16);
   p.options.workspace_bytes = 1024;
-  const Status s = p.call();
-  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "options.workspace is not 256-byte aligned",
-                      s.message);
-  EXPECT_TRUE(p.untouched());
+  expect_refused_both_ways(p, "options.workspace is not 256-byte aligned");
   EXPECT_TRUE(workspace.untouched());
 }
 
@@ -168,11 +173,7 @@ TEST(ForwardWorkspace, OverlappingATensorIsRefused) {
     // 256-byte aligned, covering the tensor's first byte.
     p.options.workspace = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(base) / 256 * 256);
     p.options.workspace_bytes = 512;
-    const Status s = p.call();
-    EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
-    EXPECT_PRED_FORMAT2(::testing::IsSubstring,
-                        std::string("options.workspace overlaps ") + name, s.message);
-    EXPECT_TRUE(p.untouched());
+    expect_refused_both_ways(p, std::string("options.workspace overlaps ") + name);
   }
 }
 
@@ -207,6 +208,18 @@ TEST(ForwardWorkspaceSize, RefusesWhatTheForwardRefuses) {
   s = flash3::forward_workspace_size(q, nullptr);
   EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
   EXPECT_PRED_FORMAT2(::testing::IsSubstring, "bytes is null", s.message);
+}
+
+TEST(ForwardWorkspaceSize, TheCAbiGivesTheSameSize) {
+  const Tensor q = Tensor::contiguous(far_address(1), DType::kFloat16, 2, 1000, 8, 128);
+  size_t cpp = 0, c = 0;
+  ASSERT_TRUE(flash3::forward_workspace_size(q, &cpp).ok());
+  const flash3_tensor q_c = to_c(q);
+  ASSERT_EQ(flash3_forward_workspace_size(&q_c, &c), FLASH3_OK) << flash3_last_error();
+  EXPECT_EQ(c, cpp);
+  EXPECT_EQ(flash3_forward_workspace_size(nullptr, &c), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3_forward_workspace_size: q is null",
+                      flash3_last_error());
 }
 
 }  // namespace

@@ -64,10 +64,24 @@ typedef struct flash3_forward_args {
   /* Nonzero: causal mask aligned to the bottom-right corner, i.e. query row i
    * sees keys j <= i + seqlen_k - seqlen_q. */
   int causal;
+  /* Device scratch for the pieces of a split last wave of tiles: at least
+   * flash3_forward_workspace_size() bytes, 256-byte aligned, zero-filled
+   * before its first use and then kept for the forwards of one stream (each
+   * leaves it fit for the next; calls that may run at the same time need
+   * their own); it must not overlap a tensor. Usable while the stream is
+   * captured into a CUDA graph. NULL: flash3's own per-stream buffer (and no
+   * split under graph capture). Zero-initialize the struct to leave it NULL. */
+  void* workspace;
+  size_t workspace_bytes; /* the size of workspace; ignored when it is NULL */
 } flash3_forward_args;
 
 /* Exact attention forward, enqueued on `stream`. */
 flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t stream);
+
+/* The bytes of workspace a forward (flash3_forward, flash3_forward_fp8) may
+ * use for q's head dim on any Hopper GPU; only q's dtype and head dim are
+ * read. Needs no GPU. */
+flash3_status flash3_forward_workspace_size(const flash3_tensor* q, size_t* bytes);
 
 typedef struct flash3_backward_args {
   flash3_tensor dout; /* gradient of out: shaped and typed like out */
@@ -163,6 +177,8 @@ typedef struct flash3_forward_fp8_args {
   flash3_fp8_descale v_descale;
   float softmax_scale; /* 0 means 1/sqrt(headdim) */
   int causal;          /* as in flash3_forward_args */
+  void* workspace;     /* as in flash3_forward_args */
+  size_t workspace_bytes;
 } flash3_forward_fp8_args;
 
 /* Attention forward on FP8 q, k, v with their descales, enqueued on `stream`.

@@ -44,6 +44,8 @@ class ForwardArgs(ctypes.Structure):
         ("softmax_lse", ctypes.POINTER(ctypes.c_float)),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
@@ -100,6 +102,8 @@ class ForwardFp8Args(ctypes.Structure):
         ("v_descale", Fp8Descale),
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
     ]
 
 
@@ -190,6 +194,8 @@ def library():
         ctypes.POINTER(ctypes.c_size_t),
     ]
     lib.flash3_backward_workspace_size.restype = ctypes.c_int
+    lib.flash3_forward_workspace_size.argtypes = [ctypes.POINTER(Tensor), ctypes.POINTER(ctypes.c_size_t)]
+    lib.flash3_forward_workspace_size.restype = ctypes.c_int
     for name in ("flash3_last_error", "flash3_version"):
         getattr(lib, name).argtypes = []
         getattr(lib, name).restype = ctypes.c_char_p
@@ -231,6 +237,15 @@ def backward_workspace_size(args):
     lib = library()
     size = ctypes.c_size_t(0)
     _check(lib, lib.flash3_backward_workspace_size(ctypes.byref(args), ctypes.byref(size)))
+    return size.value
+
+
+def forward_workspace_size(q):
+    """flash3_forward_workspace_size: the bytes of device scratch a forward may use for
+    q's head dim (a flash3_tensor; only its dtype and head dim are read). Needs no GPU."""
+    lib = library()
+    size = ctypes.c_size_t(0)
+    _check(lib, lib.flash3_forward_workspace_size(ctypes.byref(q), ctypes.byref(size)))
     return size.value
 
 

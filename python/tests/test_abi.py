@@ -203,6 +203,15 @@ def test_backward_workspace_size_needs_no_device(lib):
     assert size >= 2 * 8 * 256 * 128 * 4
 
 
+def test_forward_workspace_size_needs_no_device(lib):
+    sizes = [_lib.forward_workspace_size(_tensor(1, (2, 1000, 8, d))) for d in (64, 128, 256)]
+    assert all(size % 256 == 0 for size in sizes) and sizes == sorted(set(sizes))
+    # Each of up to 144 CTAs: at least a 128-row fp32 tile of O.
+    assert sizes[1] >= 144 * 128 * 128 * 4
+    with pytest.raises(NotImplementedError, match="headdim = 96"):
+        _lib.forward_workspace_size(_tensor(1, (2, 1000, 8, 96)))
+
+
 def test_backward_workspace_size_grows_linearly_with_seqlen(lib):
     sizes = [_lib.backward_workspace_size(_valid_backward_args(seqlen_q=s)) for s in (1024, 2048, 4096)]
     assert sizes[1] - sizes[0] > 0

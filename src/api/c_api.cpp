@@ -42,6 +42,17 @@ flash3::Fp8Descale to_cpp(const flash3_fp8_descale& d) {
   return r;
 }
 
+// Either forward's args (flash3_forward_args, flash3_forward_fp8_args).
+template <class Args>
+flash3::ForwardOptions forward_options(const Args& args) {
+  flash3::ForwardOptions options;
+  options.causal = args.causal != 0;
+  options.softmax_scale = args.softmax_scale;
+  options.workspace = args.workspace;
+  options.workspace_bytes = args.workspace_bytes;
+  return options;
+}
+
 flash3::BackwardOptions backward_options(const flash3_backward_args& args) {
   flash3::BackwardOptions options;
   options.causal = args.causal != 0;
@@ -65,11 +76,17 @@ flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t strea
   if (args == nullptr) {
     return finish({flash3::StatusCode::kInvalidArgument, "flash3_forward: args is null"});
   }
-  flash3::ForwardOptions options;
-  options.causal = args->causal != 0;
-  options.softmax_scale = args->softmax_scale;
   return finish(flash3::forward(to_cpp(args->q), to_cpp(args->k), to_cpp(args->v),
-                                to_cpp(args->out), args->softmax_lse, options, stream));
+                                to_cpp(args->out), args->softmax_lse, forward_options(*args),
+                                stream));
+}
+
+flash3_status flash3_forward_workspace_size(const flash3_tensor* q, size_t* bytes) {
+  if (q == nullptr) {
+    return finish(
+        {flash3::StatusCode::kInvalidArgument, "flash3_forward_workspace_size: q is null"});
+  }
+  return finish(flash3::forward_workspace_size(to_cpp(*q), bytes));
 }
 
 flash3_status flash3_backward(const flash3_backward_args* args, cudaStream_t stream) {
@@ -115,12 +132,9 @@ flash3_status flash3_forward_fp8(const flash3_forward_fp8_args* args, cudaStream
   descales.q = to_cpp(args->q_descale);
   descales.k = to_cpp(args->k_descale);
   descales.v = to_cpp(args->v_descale);
-  flash3::ForwardOptions options;
-  options.causal = args->causal != 0;
-  options.softmax_scale = args->softmax_scale;
   return finish(flash3::forward_fp8(to_cpp(args->q), to_cpp(args->k), to_cpp(args->v),
-                                    to_cpp(args->out), args->softmax_lse, descales, options,
-                                    stream));
+                                    to_cpp(args->out), args->softmax_lse, descales,
+                                    forward_options(*args), stream));
 }
 
 flash3_status flash3_fp8_v_layout(const flash3_fp8_v_layout_args* args, cudaStream_t stream) {
