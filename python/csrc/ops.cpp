@@ -11,6 +11,7 @@
 //   anything else -> RuntimeError,
 // with flash3's message; only what flash3 cannot see (tensor ranks, devices,
 // dtypes without a flash3 code) is checked here.
+#include <array>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -88,6 +89,24 @@ float* float_data(const Tensor& t, const char* name, const at::Device& device) {
   TORCH_CHECK_VALUE(t.device() == device, "flash3: ", name, " is on ", t.device(),
                     " but q is on ", device);
   return t.data_ptr<float>();
+}
+
+// A float32 tensor flash3 reads or writes as contiguous (d0, d1, d2) through
+// a bare pointer: the shape is checked here, since flash3 cannot see it.
+float* float_rows(const Tensor& t, const char* name, const at::Device& device,
+                  std::array<int64_t, 3> shape, const char* dims) {
+  TORCH_CHECK_VALUE(t.dim() == 3 && t.size(0) == shape[0] && t.size(1) == shape[1] &&
+                        t.size(2) == shape[2] && t.is_contiguous(),
+                    "flash3: ", name, " must be a contiguous float32 tensor ", dims, " = (",
+                    shape[0], ", ", shape[1], ", ", shape[2], "), got shape ", t.sizes(),
+                    t.is_contiguous() ? "" : " (not contiguous)");
+  return float_data(t, name, device);
+}
+
+// softmax_lse of q (4-d, checked): (batch, heads_q, seqlen_q).
+float* lse_of(const Tensor& softmax_lse, const Tensor& q, const at::Device& device) {
+  return float_rows(softmax_lse, "softmax_lse", device, {q.size(0), q.size(2), q.size(1)},
+                    "(batch, heads_q, seqlen_q)");
 }
 
 void raise_unless_ok(const Status& status) {
@@ -208,7 +227,7 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   // order), so the first bad tensor is the one named.
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
-  float* lse = float_data(softmax_lse, "softmax_lse", device);
+  float* lse = lse_of(softmax_lse, q, device);
   const Tensor workspace = forward_workspace(q, q_d, on);
   set_workspace(workspace, &options);
   raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, options, on.stream));
@@ -244,7 +263,7 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
   const flash3::Tensor dout_d = describe(dout, "dout", device), q_d = describe(q, "q", device),
                        k_d = describe(k, "k", device), v_d = describe(v, "v", device),
                        out_d = describe(out, "out", device);
-  const float* lse = float_data(softmax_lse, "softmax_lse", device);
+  const float* lse = lse_of(softmax_lse, q, device);
   const flash3::Tensor dq_d = describe(dq, "dq", device), dk_d = describe(dk, "dk", device),
                        dv_d = describe(dv, "dv", device);
   size_t bytes = 0;
@@ -259,13 +278,16 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
       backward(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, options, on.stream));
 }
 
-Fp8Descale descale_of(const Tensor& t, int64_t block_rows, const char* name,
+// One descale per block of block_rows rows of each (batch, head) of x (4-d,
+// checked): (batch, heads, ceil(seqlen / block_rows)).
+Fp8Descale descale_of(const Tensor& t, int64_t block_rows, const char* name, const Tensor& x,
                       const at::Device& device) {
-  TORCH_CHECK_VALUE(t.dim() == 3 && t.is_contiguous(), "flash3: ", name,
-                    " must be a contiguous float32 tensor (batch, heads, blocks)");
   TORCH_CHECK_VALUE(block_rows >= 1 && block_rows <= (int64_t{1} << 30), "flash3: ", name,
                     " block_rows must be in [1, 2^30], got ", block_rows);
-  return Fp8Descale{float_data(t, name, device), static_cast<int>(block_rows)};
+  const int64_t blocks = (x.size(1) + block_rows - 1) / block_rows;
+  return Fp8Descale{float_rows(t, name, device, {x.size(0), x.size(2), blocks},
+                               "(batch, heads, blocks)"),
+                    static_cast<int>(block_rows)};
 }
 
 // ------------------------------------------------------------- CUDA kernels
@@ -307,7 +329,8 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
                                         std::optional<at::ScalarType> out_dtype) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
-  const flash3::Tensor v_d = describe(v, "v", device);
+  const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
+                       v_d = describe(v, "v", device);
   // V in the layout FP8 tensor cores read (flash3.hpp: Fp8V), from the
   // caching allocator on this stream.
   Fp8V v_layout{nullptr, v.size(0), v.size(1), v.size(2), v.size(3)};
@@ -315,14 +338,13 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
   v_layout.data = v_buffer.data_ptr();
   raise_unless_ok(fp8_v_layout(v_d, v_layout, on.stream));
   auto [out, lse] = fp8_forward_outputs(q, out_dtype.value_or(at::kBFloat16));
-  Fp8Descales descales{descale_of(q_descale, q_block_rows, "q_descale", device),
-                       descale_of(k_descale, k_block_rows, "k_descale", device),
-                       descale_of(v_descale, v_block_rows, "v_descale", device)};
+  Fp8Descales descales{descale_of(q_descale, q_block_rows, "q_descale", q, device),
+                       descale_of(k_descale, k_block_rows, "k_descale", k, device),
+                       descale_of(v_descale, v_block_rows, "v_descale", v, device)};
   ForwardOptions options;
   options.causal = causal;
   options.softmax_scale = scale_of(softmax_scale);
-  const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
-                       out_d = describe(out, "out", device);
+  const flash3::Tensor out_d = describe(out, "out", device);
   const Tensor workspace = forward_workspace(q, q_d, on);
   set_workspace(workspace, &options);
   raise_unless_ok(

@@ -160,3 +160,19 @@ def test_split_forward_in_a_cuda_graph_matches_eager():
         captured.zero_()
         graph.replay()
         assert torch.equal(captured, eager)
+
+
+@requires_hopper
+def test_bare_pointer_tensors_are_checked_for_shape():
+    # softmax_lse and the FP8 descales reach flash3 as bare pointers: their shapes are
+    # checked by the operators, so a short one is refused instead of overrun.
+    q, k, v = qkv()
+    out = torch.empty_like(q)
+    short_lse = torch.empty(q.shape[0], q.shape[2], q.shape[1] - 1, device="cuda")
+    with pytest.raises(ValueError, match=r"softmax_lse must be a contiguous float32 tensor \(batch, heads_q, seqlen_q\)"):
+        ops.fwd_out(q, k, v, out, short_lse, None, False)
+    q8, qd = ops.quantize_fp8(q, 128)
+    k8, kd = ops.quantize_fp8(k, 128)
+    v8, vd = ops.quantize_fp8(v, 128)
+    with pytest.raises(ValueError, match=r"q_descale must be a contiguous float32 tensor \(batch, heads, blocks\)"):
+        ops.fwd_fp8(q8, k8, v8, qd[:, :, :1].contiguous(), 128, kd, 128, vd, 128)
