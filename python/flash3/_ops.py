@@ -1,8 +1,8 @@
 """Loads flash3's PyTorch operators (_flash3_ops.so, python/csrc/ops.cpp) into torch.ops.flash3.
 
-Looked for beside this package (an installed flash3) and then in the repository's build/
-(a development checkout); $FLASH3_OPS_LIBRARY names another file. Its RPATH finds
-libflash3.so beside it. Loaded once, at import, so that code compiled with torch.compile
+Looked for beside this package (an installed flash3), beside $FLASH3_LIBRARY (a build
+directory the scripts point to), then in the repository's build/ (a development
+checkout); $FLASH3_OPS_LIBRARY names another file. Its RPATH finds libflash3.so beside it. Loaded once, at import, so that code compiled with torch.compile
 sees only the operator calls.
 """
 import os
@@ -24,11 +24,13 @@ def _find():
         if not path.is_file():
             raise LibraryNotFoundError(f"flash3: {OPS_ENV}={path} is not a file")
         return path
-    for path in SEARCH_PATHS:
+    beside_library = (Path(os.environ["FLASH3_LIBRARY"]).parent / OPS_NAME,) if "FLASH3_LIBRARY" in os.environ else ()
+    candidates = (SEARCH_PATHS[0], *beside_library, *SEARCH_PATHS[1:])
+    for path in candidates:
         if path.is_file():
             return path
     raise LibraryNotFoundError(
-        f"flash3: the PyTorch operators ({OPS_NAME}) are not in {', '.join(map(str, SEARCH_PATHS))}. "
+        f"flash3: the PyTorch operators ({OPS_NAME}) are not in {', '.join(map(str, candidates))}. "
         f"Install the package (pip install --no-build-isolation .) or build them "
         f"(cmake -S . -B build -G Ninja with PyTorch importable by python3, then ninja -C build), "
         f"or set {OPS_ENV} to the file."
