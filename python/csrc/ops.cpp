@@ -203,8 +203,11 @@ std::tuple<Tensor, Tensor> fp8_forward_outputs(const Tensor& q, at::ScalarType o
   return {at::empty(q.sizes(), q.options().dtype(out_dtype)), lse_like(q)};
 }
 
-int64_t blocks_of(int64_t seqlen, int64_t block_rows) {
-  TORCH_CHECK_VALUE(block_rows >= 1, "flash3: block_rows must be >= 1, got ", block_rows);
+// Blocks of block_rows rows in seqlen rows; `what` names block_rows in the
+// refusal (flash3 takes it as an int: at most 2^30).
+int64_t blocks_of(int64_t seqlen, int64_t block_rows, const char* what = "block_rows") {
+  TORCH_CHECK_VALUE(block_rows >= 1 && block_rows <= (int64_t{1} << 30), "flash3: ", what,
+                    " must be in [1, 2^30], got ", block_rows);
   return (seqlen + block_rows - 1) / block_rows;
 }
 
@@ -282,9 +285,8 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
 // checked): (batch, heads, ceil(seqlen / block_rows)).
 Fp8Descale descale_of(const Tensor& t, int64_t block_rows, const char* name, const Tensor& x,
                       const at::Device& device) {
-  TORCH_CHECK_VALUE(block_rows >= 1 && block_rows <= (int64_t{1} << 30), "flash3: ", name,
-                    " block_rows must be in [1, 2^30], got ", block_rows);
-  const int64_t blocks = (x.size(1) + block_rows - 1) / block_rows;
+  const int64_t blocks =
+      blocks_of(x.size(1), block_rows, (std::string(name) + " block_rows").c_str());
   return Fp8Descale{float_rows(t, name, device, {x.size(0), x.size(2), blocks},
                                "(batch, heads, blocks)"),
                     static_cast<int>(block_rows)};
@@ -356,9 +358,7 @@ std::tuple<Tensor, Tensor> quantize_fp8_cuda(const Tensor& x, int64_t block_rows
                                              int64_t seed) {
   OnDevice on(x, "x");
   const at::Device device = x.device();
-  TORCH_CHECK_VALUE(block_rows >= 1 && block_rows <= (int64_t{1} << 30),
-                    "flash3: block_rows must be in [1, 2^30], got ", block_rows);
-  auto [x_fp8, descale] = quantize_outputs(x, block_rows);
+  auto [x_fp8, descale] = quantize_outputs(x, block_rows);  // block_rows checked there
   QuantizeOptions options;
   options.block_rows = static_cast<int>(block_rows);
   options.hadamard = hadamard;

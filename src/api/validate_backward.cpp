@@ -46,18 +46,15 @@ Status check_same_shape(const char* name, const Tensor& t, const char* like_name
   return Status{};
 }
 
-// k of q's dtype, batch and head dim; a supported head dim; q's heads a
-// multiple of k's; batch * heads_q lse rows. What backward() and
-// backward_workspace_size() both check once each tensor passed check_tensor.
+// k of q's dtype, batch and head dim; q's heads a multiple of k's. What
+// backward() and backward_workspace_size() both check once each tensor
+// passed check_tensor (and the head dim, check_headdim_first, before).
 Status check_q_and_k(const Tensor& q, const Tensor& k) {
   if (k.dtype != q.dtype) {
     return invalid("k.dtype (", dtype_name(k.dtype), ") differs from q.dtype (",
                    dtype_name(q.dtype), ")");
   }
   if (Status s = check_batch_and_headdim_match_q("k", k, q); !s.ok()) {
-    return s;
-  }
-  if (Status s = check_headdim(q.shape[3]); !s.ok()) {
     return s;
   }
   return check_heads(q, k);
@@ -262,6 +259,9 @@ Status check_backward_workspace_size(const Tensor& q, const Tensor& k,
                                      const BackwardOptions& options, size_t* bytes) {
   if (bytes == nullptr) {
     return invalid("bytes is null");
+  }
+  if (Status s = check_headdim_first(q); !s.ok()) {
+    return s;
   }
   for (const auto& [name, t] : {Named{"q", q}, Named{"k", k}}) {
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {

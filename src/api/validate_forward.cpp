@@ -44,9 +44,6 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
       return s;
     }
   }
-  if (Status s = check_headdim(q.shape[3]); !s.ok()) {
-    return s;
-  }
   if (v.shape[1] != k.shape[1]) {
     return invalid("v.shape[1] (seqlen) = ", v.shape[1], " differs from k's ", k.shape[1]);
   }
