@@ -48,7 +48,8 @@ Status check_same_shape(const char* name, const Tensor& t, const char* like_name
 
 // k of q's dtype, batch and head dim; q's heads a multiple of k's. What
 // backward() and backward_workspace_size() both check once each tensor
-// passed check_tensor (and the head dim, check_headdim_first, before).
+// passed check_tensor (the head dim each checks itself: backward() first of
+// all, check_headdim_first).
 Status check_q_and_k(const Tensor& q, const Tensor& k) {
   if (k.dtype != q.dtype) {
     return invalid("k.dtype (", dtype_name(k.dtype), ") differs from q.dtype (",
@@ -260,15 +261,15 @@ Status check_backward_workspace_size(const Tensor& q, const Tensor& k,
   if (bytes == nullptr) {
     return invalid("bytes is null");
   }
-  if (Status s = check_headdim_first(q); !s.ok()) {
-    return s;
-  }
   for (const auto& [name, t] : {Named{"q", q}, Named{"k", k}}) {
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
       return s;
     }
   }
   if (Status s = check_q_and_k(q, k); !s.ok()) {
+    return s;
+  }
+  if (Status s = check_headdim(q.shape[3]); !s.ok()) {
     return s;
   }
   if (Status s = check_lse_rows(q); !s.ok()) {
