@@ -88,13 +88,25 @@ constexpr Dims kClusterDims[] = {{1, 1024, 113, 4, 2},
 constexpr Dims kTailSplitDims[] = {
     {1, 2304, 5632, 1, 1}, {1, 2304, 3000, 1, 1}, {1, 4096, 4096, 1, 1}};
 
+// Decoding (src/sm90/fwd/decode.hpp): one query with GQA packs the group's
+// heads into the rows of one tile (ratios 4, 8 and 3, MQA), and launches of
+// one query block with long keys cut their few tiles into pieces over the
+// SMs (16 key blocks or more: from 2048 keys at head dim 64, 2816 at 128,
+// 1280 at 256); short keys, one key, and several queries (not packed).
+constexpr Dims kDecodeDims[] = {{1, 1, 3000, 32, 8}, {3, 1, 8191, 8, 1},  {2, 1, 5000, 6, 2},
+                                {5, 1, 2900, 2, 2},  {2, 4, 4097, 8, 8},  {1, 1, 40, 16, 2},
+                                {2, 1, 1, 4, 2},     {1, 7, 3333, 4, 1}};
+
 constexpr struct {
   Layout layout;
   Dims dims;
 } kLayoutCases[] = {{Layout::kPackedQkv, {2, 300, 300, 4, 2}},
                     {Layout::kPackedQkv, {1, 1013, 1013, 2, 2}},
                     {Layout::kHeadMajor, {2, 300, 211, 4, 2}},
-                    {Layout::kPadded, {3, 211, 300, 4, 1}}};
+                    {Layout::kPadded, {3, 211, 300, 4, 1}},
+                    // decoding's packed GQA view of strided q and out
+                    {Layout::kPackedQkv, {2, 1, 3000, 8, 2}},
+                    {Layout::kHeadMajor, {2, 1, 3000, 8, 2}}};
 
 constexpr float kCustomScales[] = {0.5f, 0.03f};
 
@@ -130,6 +142,8 @@ TEST_P(ForwardSweep, GqaRatios) { expect_all_match_reference(make_all(kGqaDims))
 TEST_P(ForwardSweep, ClusterPairs) { expect_all_match_reference(make_all(kClusterDims)); }
 
 TEST_P(ForwardSweep, TailSplit) { expect_all_match_reference(make_all(kTailSplitDims)); }
+
+TEST_P(ForwardSweep, Decode) { expect_all_match_reference(make_all(kDecodeDims)); }
 
 // Scores that climb by ~23 (log2 units) from one key block to the one
 // before it, which the kernels visit next: the running max jumps past the
@@ -225,6 +239,16 @@ TEST_F(SanitizeForward, Bf16D128TailSplit) {
 
 TEST_F(SanitizeForward, Bf16D128CausalTailSplit) {
   expect_matches_reference({DType::kBFloat16, {1, 4096, 4096, 1, 1, 128}, true});
+}
+
+// Decoding: the packed GQA view split over the SMs (decode.hpp), at the
+// head dims whose split-KV variant exists for it alone.
+TEST_F(SanitizeForward, Bf16D64DecodeGqa) {
+  expect_matches_reference({DType::kBFloat16, {2, 1, 5000, 8, 2, 64}, false});
+}
+
+TEST_F(SanitizeForward, Fp16D256DecodeGqa) {
+  expect_matches_reference({DType::kFloat16, {1, 1, 3000, 16, 2, 256}, true});
 }
 
 // A case every default build has (FLASH3_KERNELS=bf16_128 or all).

@@ -224,3 +224,386 @@ TEST(ForwardWorkspaceSize, TheCAbiGivesTheSameSize) {
 
 }  // namespace
 }  // namespace flash3::test
+
+namespace flash3::test {
+namespace {
+
+// forward_varlen: the forward's checks on packed (batch 1) tensors, then the
+// varlen description's own.
+struct VarlenProblem : HostProblem {
+  int cu_q[3] = {0, 3, 8};
+  int cu_k[3] = {0, 10, 16};
+  Varlen varlen{cu_q, cu_k, 2, 5};
+  VarlenProblem() {
+    set_dims(q, 1, 8, kHeadsQ, kHeadDim);
+    set_dims(out, 1, 8, kHeadsQ, kHeadDim);
+    set_dims(k, 1, 16, kHeadsK, kHeadDim);
+    set_dims(v, 1, 16, kHeadsK, kHeadDim);
+  }
+  Status call_varlen() const { return flash3::forward_varlen(q, k, v, out, lse, varlen, options); }
+};
+
+void expect_varlen_refused(const VarlenProblem& p, Code code, const std::string& message) {
+  const Status s = p.call_varlen();
+  EXPECT_EQ(s.code, code) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::forward_varlen: " + message, s.message);
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST(ForwardVarlen, ValidArgumentsReachTheDevice) {
+  VarlenProblem p;
+  // max_seqlen_q is an upper bound: past total_q it is taken as total_q.
+  p.varlen.max_seqlen_q = 100;
+  int used[2] = {2, 9};
+  p.varlen.seqused_q = used;
+  p.varlen.seqused_k = used;
+  const Status s = p.call_varlen();
+  // Past validation: no device here, or host pointers on a GPU machine.
+  EXPECT_TRUE(s.code == Code::kNoDevice ||
+              s.message.find("is not device memory") != std::string::npos)
+      << s.message;
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST(ForwardVarlen, TheCAbiRefusesAsTheCppApi) {
+  VarlenProblem p;
+  p.varlen.max_seqlen_q = 0;
+  flash3_forward_varlen_args args{};
+  args.forward = p.c_args();
+  args.cu_seqlens_q = p.varlen.cu_seqlens_q;
+  args.cu_seqlens_k = p.varlen.cu_seqlens_k;
+  args.batch = p.varlen.batch;
+  args.max_seqlen_q = p.varlen.max_seqlen_q;
+  EXPECT_EQ(flash3_forward_varlen(&args, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring,
+                      "flash3::forward_varlen: varlen.max_seqlen_q = 0 must be at least 1",
+                      flash3_last_error());
+  EXPECT_EQ(flash3_forward_varlen(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST(ForwardVarlen, RefusesBadDescriptions) {
+  {
+    VarlenProblem p;
+    set_dims(p.q, 2, 4, VarlenProblem::kHeadsQ, VarlenProblem::kHeadDim);
+    expect_varlen_refused(p, Code::kInvalidArgument, "q.shape[0] = 2: a varlen batch is packed");
+  }
+  {
+    VarlenProblem p;
+    p.varlen.batch = 0;
+    expect_varlen_refused(p, Code::kInvalidArgument, "varlen.batch = 0 must be at least 1");
+  }
+  {
+    VarlenProblem p;
+    p.varlen.cu_seqlens_k = nullptr;
+    expect_varlen_refused(p, Code::kInvalidArgument, "varlen.cu_seqlens_k is null");
+  }
+  {
+    VarlenProblem p;
+    p.varlen.cu_seqlens_q = reinterpret_cast<const int*>(reinterpret_cast<const char*>(p.cu_q) + 2);
+    expect_varlen_refused(p, Code::kInvalidArgument, "varlen.cu_seqlens_q is not 4-byte aligned");
+  }
+  {
+    VarlenProblem p;
+    p.varlen.max_seqlen_q = 0;
+    expect_varlen_refused(p, Code::kInvalidArgument, "varlen.max_seqlen_q = 0 must be at least 1");
+  }
+  {
+    VarlenProblem p;
+    p.varlen.seqused_k = reinterpret_cast<const int*>(reinterpret_cast<const char*>(p.cu_k) + 1);
+    expect_varlen_refused(p, Code::kInvalidArgument, "varlen.seqused_k is not 4-byte aligned");
+  }
+  {
+    // Offsets the kernels read while they write out: a store there could hang them.
+    VarlenProblem p;
+    p.varlen.cu_seqlens_k = reinterpret_cast<const int*>(p.out.data) + 3;
+    expect_varlen_refused(p, Code::kInvalidArgument,
+                          "varlen.cu_seqlens_k overlaps out; the call writes there");
+  }
+  {
+    VarlenProblem p;
+    p.varlen.seqused_q = reinterpret_cast<const int*>(p.lse) + 1;
+    expect_varlen_refused(p, Code::kInvalidArgument, "varlen.seqused_q overlaps softmax_lse");
+  }
+  {
+    VarlenProblem p;
+    set_dims(p.q, 1, 8, VarlenProblem::kHeadsQ, 96);
+    expect_varlen_refused(p, Code::kUnsupported, "headdim = 96 is not supported");
+  }
+}
+
+}  // namespace
+}  // namespace flash3::test
+
+namespace flash3::test {
+namespace {
+
+// forward_kvcache: the forward's checks (k and v with a batch of their own
+// when cache_batch_idx is given), then the cache's description.
+struct KvCacheProblem : HostProblem {
+  int seqlens[kBatch] = {3, 16};
+  int batch_idx[kBatch] = {2, 0};
+  int page_table[kBatch] = {1, 0};  // one page of kSeqlenK rows per batch
+  KvCache cache{seqlens, nullptr};
+  void use_pages() {
+    cache.page_table = page_table;
+    cache.pages_per_batch = 1;
+  }
+  Status call_kvcache() const {
+    return flash3::forward_kvcache(q, k, v, out, lse, cache, options);
+  }
+};
+
+void expect_kvcache_refused(const KvCacheProblem& p, Code code, const std::string& message) {
+  const Status s = p.call_kvcache();
+  EXPECT_EQ(s.code, code) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::forward_kvcache: " + message, s.message);
+  EXPECT_TRUE(p.untouched());
+}
+
+void expect_reaches_the_device(const Status& s) {
+  // Past validation: no device here, or host pointers on a GPU machine.
+  EXPECT_TRUE(s.code == Code::kNoDevice ||
+              s.message.find("is not device memory") != std::string::npos)
+      << s.message;
+}
+
+TEST(ForwardKvCache, ValidArgumentsReachTheDevice) {
+  KvCacheProblem p;
+  expect_reaches_the_device(p.call_kvcache());
+  // With cache_batch_idx, a cache of more batches than q's.
+  p.cache.cache_batch_idx = p.batch_idx;
+  set_dims(p.k, 3, KvCacheProblem::kSeqlenK, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+  set_dims(p.v, 3, KvCacheProblem::kSeqlenK, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+  expect_reaches_the_device(p.call_kvcache());
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST(ForwardKvCache, ValidPagedArgumentsReachTheDevice) {
+  KvCacheProblem p;
+  p.use_pages();
+  expect_reaches_the_device(p.call_kvcache());
+  // A pool of more pages than q's batches, two pages a batch.
+  set_dims(p.k, 1, KvCacheProblem::kSeqlenK * 2, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+  set_dims(p.v, 1, KvCacheProblem::kSeqlenK * 2, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+  p.cache.pages_per_batch = 1;
+  expect_reaches_the_device(p.call_kvcache());
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST(ForwardKvCache, RefusesBadPages) {
+  {
+    KvCacheProblem p;  // pages of 8 rows: 4 of them in the same buffer
+    p.use_pages();
+    set_dims(p.k, 4, 8, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+    set_dims(p.v, 4, 8, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+    expect_kvcache_refused(p, Code::kUnsupported,
+                           "k_cache.shape[1] (page size) = 8: paged caches take page sizes "
+                           "that are multiples of 16");
+  }
+  {
+    KvCacheProblem p;
+    p.use_pages();
+    p.cache.cache_batch_idx = p.batch_idx;
+    expect_kvcache_refused(p, Code::kInvalidArgument,
+                           "cache.cache_batch_idx is given with cache.page_table");
+  }
+  {
+    KvCacheProblem p;
+    p.use_pages();
+    p.cache.pages_per_batch = 0;
+    expect_kvcache_refused(p, Code::kInvalidArgument,
+                           "cache.pages_per_batch = 0 must be at least 1 with a page_table");
+  }
+  {
+    KvCacheProblem p;
+    p.cache.pages_per_batch = 3;
+    expect_kvcache_refused(p, Code::kInvalidArgument,
+                           "cache.pages_per_batch = 3 without a cache.page_table");
+  }
+  {
+    KvCacheProblem p;
+    p.use_pages();
+    p.cache.pages_per_batch = 1 << 30;
+    expect_kvcache_refused(p, Code::kInvalidArgument, "cache.pages_per_batch = 1073741824: the capacity");
+  }
+  {
+    KvCacheProblem p;
+    p.use_pages();
+    p.cache.page_table = reinterpret_cast<const int*>(p.lse);
+    expect_kvcache_refused(p, Code::kInvalidArgument, "cache.page_table overlaps softmax_lse");
+  }
+}
+
+// kvcache_append: new rows k_new / v_new (batch 2, 3 rows) into the cache
+// (k, v), q rotated into q_rotated with tables of 16 rows (the capacity) of
+// rotary_dim / 2 = 16 entries.
+struct KvAppendProblem : KvCacheProblem {
+  PoisonedBuffer new_buffer{kBufferBytes}, rotated_buffer{kBufferBytes}, table_buffer{kBufferBytes};
+  int seqlens_out[kBatch] = {};
+  KvCacheAppend append = make_append();
+  KvCacheAppend make_append() {
+    KvCacheAppend a;
+    a.k_new = Tensor::contiguous(new_buffer.data(), DType::kBFloat16, kBatch, 3, kHeadsK, kHeadDim);
+    a.v_new = Tensor::contiguous(offset_bytes(new_buffer.data(), 4096), DType::kBFloat16, kBatch, 3,
+                                 kHeadsK, kHeadDim);
+    a.q_rotated = Tensor::contiguous(rotated_buffer.data(), DType::kBFloat16, kBatch, kSeqlenQ,
+                                     kHeadsQ, kHeadDim);
+    a.rotary_cos = table_buffer.data();
+    a.rotary_sin = offset_bytes(table_buffer.data(), 1024);
+    a.rotary_rows = static_cast<int>(kSeqlenK);
+    a.rotary_dim = 32;
+    a.seqlens_out = seqlens_out;
+    return a;
+  }
+  Status call_append() const { return flash3::kvcache_append(q, k, v, cache, append); }
+};
+
+void expect_append_refused(const KvAppendProblem& p, Code code, const std::string& message) {
+  const Status s = p.call_append();
+  EXPECT_EQ(s.code, code) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::kvcache_append: " + message, s.message);
+  EXPECT_TRUE(p.untouched() && p.new_buffer.untouched() && p.rotated_buffer.untouched());
+}
+
+TEST(KvCacheAppend, ValidArgumentsReachTheDevice) {
+  KvAppendProblem p;
+  expect_reaches_the_device(p.call_append());
+  p.append.rotary_cos = p.append.rotary_sin = nullptr;  // no rotary: q_rotated unused
+  p.append.rotary_dim = 0;
+  p.append.q_rotated = Tensor{};
+  expect_reaches_the_device(p.call_append());
+  p.use_pages();
+  expect_reaches_the_device(p.call_append());
+}
+
+TEST(KvCacheAppend, RefusesBadArguments) {
+  {
+    KvAppendProblem p;
+    p.append.k_new.dtype = DType::kFloat16;
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.k_new.dtype (float16) differs from q.dtype (bfloat16)");
+  }
+  {
+    KvAppendProblem p;
+    set_dims(p.append.k_new, 1, 3, KvAppendProblem::kHeadsK, KvAppendProblem::kHeadDim);
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.k_new.shape[0] (batch) = 1 differs from q's 2");
+  }
+  {
+    KvAppendProblem p;
+    set_dims(p.append.v_new, 2, 2, KvAppendProblem::kHeadsK, KvAppendProblem::kHeadDim);
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.v_new.shape[1] = 2 differs from append.k_new's 3");
+  }
+  {
+    KvAppendProblem p;
+    p.append.rotary_sin = nullptr;
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.rotary_sin is null while the other rotary table is given");
+  }
+  {
+    KvAppendProblem p;
+    p.append.rotary_dim = 31;
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.rotary_dim = 31 must be even and in [2, headdim = 64]");
+  }
+  {
+    KvAppendProblem p;
+    p.append.rotary_rows = 15;
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.rotary_rows = 15 must cover every position of the cache");
+  }
+  {
+    KvAppendProblem p;
+    p.append.q_rotated = Tensor{};
+    expect_append_refused(p, Code::kInvalidArgument, "append.q_rotated");
+  }
+  {
+    KvAppendProblem p;
+    p.append.seqlens_out = nullptr;
+    expect_append_refused(p, Code::kInvalidArgument, "append.seqlens_out is null");
+  }
+  {
+    KvAppendProblem p;
+    p.append.seqlens_out = p.seqlens;
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.seqlens_out overlaps cache.cache_seqlens");
+  }
+  {
+    KvAppendProblem p;
+    p.append.k_new.data = p.k.data;
+    expect_append_refused(p, Code::kInvalidArgument, "k_cache overlaps append.k_new");
+  }
+  {
+    KvAppendProblem p;
+    p.append.q_rotated.data = p.q.data;
+    expect_append_refused(p, Code::kInvalidArgument, "append.q_rotated overlaps q");
+  }
+  {
+    KvAppendProblem p;
+    p.use_pages();
+    set_dims(p.k, 4, 8, KvAppendProblem::kHeadsK, KvAppendProblem::kHeadDim);
+    set_dims(p.v, 4, 8, KvAppendProblem::kHeadsK, KvAppendProblem::kHeadDim);
+    expect_append_refused(p, Code::kUnsupported, "k_cache.shape[1] (page size) = 8");
+  }
+}
+
+TEST(KvCacheAppend, TheCAbiRefusesAsTheCppApi) {
+  KvAppendProblem p;
+  flash3_kvcache_append_args args{};
+  EXPECT_EQ(flash3_kvcache_append(&args, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::kvcache_append: ", flash3_last_error());
+  EXPECT_EQ(flash3_kvcache_append(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3_kvcache_append: args is null",
+                      flash3_last_error());
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST(ForwardKvCache, TheCAbiRefusesAsTheCppApi) {
+  KvCacheProblem p;
+  flash3_forward_kvcache_args args{};
+  args.forward = p.c_args();
+  args.cache_seqlens = nullptr;
+  EXPECT_EQ(flash3_forward_kvcache(&args, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring,
+                      "flash3::forward_kvcache: cache.cache_seqlens is null", flash3_last_error());
+  EXPECT_EQ(flash3_forward_kvcache(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(p.untouched());
+}
+
+TEST(ForwardKvCache, RefusesBadDescriptions) {
+  {
+    KvCacheProblem p;
+    p.cache.cache_seqlens = nullptr;
+    expect_kvcache_refused(p, Code::kInvalidArgument, "cache.cache_seqlens is null");
+  }
+  {
+    KvCacheProblem p;
+    p.cache.cache_batch_idx =
+        reinterpret_cast<const int*>(reinterpret_cast<const char*>(p.batch_idx) + 2);
+    expect_kvcache_refused(p, Code::kInvalidArgument,
+                           "cache.cache_batch_idx is not 4-byte aligned");
+  }
+  {
+    // Without cache_batch_idx the cache has q's batches.
+    KvCacheProblem p;
+    set_dims(p.k, 3, KvCacheProblem::kSeqlenK, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+    set_dims(p.v, 3, KvCacheProblem::kSeqlenK, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+    expect_kvcache_refused(p, Code::kInvalidArgument, "k.shape[0] (batch) = 3 differs from q's 2");
+  }
+  {
+    KvCacheProblem p;
+    p.cache.cache_batch_idx = p.batch_idx;
+    set_dims(p.k, 3, KvCacheProblem::kSeqlenK, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
+    expect_kvcache_refused(p, Code::kInvalidArgument, "v.shape[0] (batch) = 2 differs from k's 3");
+  }
+  {
+    KvCacheProblem p;
+    p.cache.cache_seqlens = reinterpret_cast<const int*>(p.lse) + 5;
+    expect_kvcache_refused(p, Code::kInvalidArgument, "cache.cache_seqlens overlaps softmax_lse");
+  }
+}
+
+}  // namespace
+}  // namespace flash3::test

@@ -78,6 +78,66 @@ typedef struct flash3_forward_args {
 /* Exact attention forward, enqueued on `stream`. */
 flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t stream);
 
+/* A packed variable-length batch (flash3.hpp: Varlen): q and out (1, total_q,
+ * heads_q, headdim), k and v (1, total_k, heads_k, headdim), sequence b's
+ * rows from cu_seqlens_q/k[b] to [b + 1] (int32, device, batch + 1 each);
+ * softmax_lse (heads_q, total_q). The rest as in flash3_forward_args. */
+typedef struct flash3_forward_varlen_args {
+  flash3_forward_args forward;
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int batch;
+  int max_seqlen_q; /* at least every sequence's query count */
+  /* Optional (NULL, or int32, device, batch entries): sequence b uses its
+   * first seqused_q[b] queries and seqused_k[b] keys only. */
+  const int* seqused_q;
+  const int* seqused_k;
+} flash3_forward_varlen_args;
+
+/* Attention forward over a packed variable-length batch, enqueued on `stream`. */
+flash3_status flash3_forward_varlen(const flash3_forward_varlen_args* args, cudaStream_t stream);
+
+/* A KV cache (flash3.hpp: KvCache): k and v (kv_batch, capacity, heads_k,
+ * headdim); query batch b attends to the first cache_seqlens[b] slots of K/V
+ * batch cache_batch_idx[b] (NULL: b); int32, device, batch entries each.
+ * Paged (page_table not NULL): k and v (num_pages, page_size, heads_k,
+ * headdim), page_table (batch, pages_per_batch) int32, device; page_size a
+ * multiple of 16. The rest as in flash3_forward_args. */
+typedef struct flash3_forward_kvcache_args {
+  flash3_forward_args forward;
+  const int* cache_seqlens;
+  const int* cache_batch_idx;
+  const int* page_table;
+  int pages_per_batch;
+} flash3_forward_kvcache_args;
+
+/* Attention forward against a KV cache, enqueued on `stream`. */
+flash3_status flash3_forward_kvcache(const flash3_forward_kvcache_args* args, cudaStream_t stream);
+
+/* New tokens for a KV cache (flash3.hpp: KvCacheAppend, kvcache_append): k_new
+ * and v_new (batch, seqlen_new, heads_k, headdim) written after each batch's
+ * cache_seqlens[b] slots of k_cache / v_cache (contiguous or paged as in
+ * flash3_forward_kvcache_args), rotated when rotary_cos and rotary_sin
+ * ((rotary_rows, rotary_dim / 2), q's dtype) are given, q rotated into
+ * q_rotated; seqlens_out[b] = min(cache_seqlens[b] + seqlen_new, capacity). */
+typedef struct flash3_kvcache_append_args {
+  flash3_tensor q, k_cache, v_cache, k_new, v_new, q_rotated;
+  const int* cache_seqlens;
+  const int* cache_batch_idx;
+  const int* page_table;
+  int pages_per_batch;
+  const void* rotary_cos;
+  const void* rotary_sin;
+  int rotary_rows;
+  int rotary_dim;
+  int rotary_interleaved;
+  int causal;
+  int* seqlens_out;
+} flash3_kvcache_append_args;
+
+/* Appends new keys and values to a KV cache and rotates q, enqueued on `stream`. */
+flash3_status flash3_kvcache_append(const flash3_kvcache_append_args* args, cudaStream_t stream);
+
 /* The bytes of workspace a forward (flash3_forward, flash3_forward_fp8) may
  * use for q's head dim on any Hopper GPU; only q's dtype and head dim are
  * read. Needs no GPU. */
@@ -192,6 +252,34 @@ typedef struct flash3_fp8_v_layout_args {
 
 /* Writes v into v_out in the FP8 forward's V layout, enqueued on `stream`. */
 flash3_status flash3_fp8_v_layout(const flash3_fp8_v_layout_args* args, cudaStream_t stream);
+
+/* ---------------------------------------------------------------- combine
+ * Split-KV partial results merged (flash3.hpp: CombineArgs, combine): per row
+ * (b, s, h), lse = log(sum_i exp(lse_partial[i, b, s, h])) and out = sum_i
+ * exp(lse_partial[i, b, s, h] - lse) * out_partial[i, b, s, h, :], a weight
+ * that is inf or NaN counting as 0 (all -inf: zeros and lse -inf). Strides
+ * in elements, any non-negative ones; headdim contiguous. */
+#define FLASH3_MAX_COMBINE_HEAD_DIM 1024
+
+typedef struct flash3_combine_args {
+  /* float32 (num_splits >= 1, batch, seqlen, heads, headdim 1..1024); batch,
+   * seqlen or heads 0 is an empty problem (pointers may then be NULL). */
+  const float* out_partial;
+  int64_t out_partial_shape[5];
+  int64_t out_partial_stride[5];
+  /* float32 (num_splits, batch, seqlen, heads), shaped by out_partial_shape. */
+  const float* lse_partial;
+  int64_t lse_partial_stride[4];
+  /* float32, float16 or bfloat16 (batch, seqlen, heads, headdim); must not
+   * overlap the inputs or lse. */
+  flash3_tensor out;
+  /* Optional (NULL to skip): float32 (batch, seqlen, heads). */
+  float* lse;
+  int64_t lse_stride[3];
+} flash3_combine_args;
+
+/* The merge of split-KV partial results, enqueued on `stream`. */
+flash3_status flash3_combine(const flash3_combine_args* args, cudaStream_t stream);
 
 /* The message of the last error on this thread ("" after a success). */
 const char* flash3_last_error(void);

@@ -88,6 +88,109 @@ Status forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& 
                float* softmax_lse, const ForwardOptions& options = {},
                cudaStream_t stream = nullptr);
 
+// A packed variable-length batch (FlashAttention's varlen layout): sequence
+// b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and out,
+// its keys rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v. The
+// offsets are int32 in device memory, batch + 1 of each, from 0 and
+// non-decreasing; flash3 cannot read them before launching, so it clamps
+// every sequence into the tensors (malformed offsets give wrong rows, never
+// an access outside them).
+struct Varlen {
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  int batch = 0;
+  int max_seqlen_q = 0;  // at least every sequence's query count (picks the kernel)
+  // Optional (int32, device, batch entries each): sequence b uses only its
+  // first seqused_q[b] queries and seqused_k[b] keys (FlashAttention's
+  // seqused_q / seqused_k); the other query rows of out and lse are left as
+  // they were.
+  const int* seqused_q = nullptr;
+  const int* seqused_k = nullptr;
+};
+
+// forward() on a packed variable-length batch: q and out (1, total_q,
+// heads_q, headdim), k and v (1, total_k, heads_k, headdim); causal is
+// bottom-right per sequence; softmax_lse (optional) (heads_q, total_q).
+// Rows of k and v outside every sequence are still read (and hidden by the
+// mask), so they must be finite: a NaN there is a NaN in some output row.
+// The offsets and counts must not overlap out, softmax_lse or the
+// workspace.
+// float16 / bfloat16. options.workspace, when given, also holds the
+// sequences' prefix sums (forward_workspace_size covers 1.8 million
+// sequences); else flash3's per-stream buffer, which graph capture excludes.
+Status forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                      float* softmax_lse, const Varlen& varlen,
+                      const ForwardOptions& options = {}, cudaStream_t stream = nullptr);
+
+// A KV cache (FlashAttention's flash_attn_with_kvcache layout): query batch
+// b attends to the first cache_seqlens[b] of its `capacity` key slots.
+//  - Contiguous (page_table null): k and v (kv_batch, capacity, heads_k,
+//    headdim), batch b's slots in K/V batch cache_batch_idx[b] (b when null).
+//  - Paged: k and v are a pool (num_pages, page_size, heads_k, headdim);
+//    page_table (batch, pages_per_batch) lists each batch's pages in order,
+//    so slot s is row s % page_size of page page_table[b][s / page_size]
+//    and capacity = pages_per_batch x page_size. page_size a multiple of 16;
+//    no cache_batch_idx.
+// The arrays are int32 in device memory (cache_seqlens and cache_batch_idx
+// batch entries, page_table contiguous); flash3 cannot read them before
+// launching, so it clamps each length into [0, capacity], each index into
+// [0, kv_batch) and each page into [0, num_pages) (malformed values give
+// wrong keys, never an access outside k and v). The slots of a batch's last
+// key block past cache_seqlens[b] are read and hidden by the mask, so they
+// must hold finite values (a NaN there would reach the output).
+struct KvCache {
+  const int* cache_seqlens = nullptr;
+  const int* cache_batch_idx = nullptr;
+  const int* page_table = nullptr;
+  int pages_per_batch = 0;  // page_table's columns (paged caches only)
+};
+
+// forward() against a KV cache: q and out (batch, seqlen_q, heads_q,
+// headdim); k and v (kv_batch, capacity, heads_k, headdim), kv_batch ==
+// batch unless cache_batch_idx is given, or a paged pool; causal is bottom-right per batch
+// (query row i sees cache key j <= i + cache_seqlens[b] - seqlen_q); rows
+// that see no key (cache_seqlens[b] = 0) get zeros and +inf. Decoding
+// (seqlen_q 1, GQA) packs the group's query heads into one tile and splits
+// the keys over the SMs. float16 / bfloat16.
+Status forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                       const Tensor& out, float* softmax_lse, const KvCache& cache,
+                       const ForwardOptions& options = {}, cudaStream_t stream = nullptr);
+
+// New tokens for a KV cache (FlashAttention-3's k, v, rotary_cos, rotary_sin
+// of flash_attn_with_kvcache), written by kvcache_append() before
+// forward_kvcache() reads the cache.
+struct KvCacheAppend {
+  // (batch, seqlen_new, heads_k, headdim), q's dtype: batch b's rows go to
+  // its cache slots cache_seqlens[b] .. + seqlen_new (slots past the
+  // capacity are dropped).
+  Tensor k_new, v_new;
+  // Rotary embedding (optional: both null for none): tables (rotary_rows,
+  // rotary_dim / 2) of q's dtype, contiguous; rotary_dim even, at most the
+  // head dim; rotary_rows at least the cache's capacity. Key row s rotates
+  // to position cache_seqlens[b] + s, query row s to cache_seqlens[b] + s
+  // when `causal`, else to cache_seqlens[b]; pairs (i, i + rotary_dim / 2),
+  // or (2i, 2i + 1) when interleaved.
+  const void* rotary_cos = nullptr;
+  const void* rotary_sin = nullptr;
+  int rotary_rows = 0;
+  int rotary_dim = 0;
+  bool rotary_interleaved = false;
+  bool causal = false;
+  // Outputs: q rotated (like q; required with rotary, else unused) and each
+  // batch's new length, min(cache_seqlens[b] + seqlen_new, capacity) (int32,
+  // device, batch entries; required): forward_kvcache's cache_seqlens next.
+  Tensor q_rotated;
+  int* seqlens_out = nullptr;
+};
+
+// Appends `append`'s new keys and values to the cache (contiguous or paged,
+// as forward_kvcache takes it) and rotates q. Then call forward_kvcache with
+// q_rotated (or q) and cache_seqlens = seqlens_out. The new rows must not
+// overlap the cache, q or the outputs.
+Status kvcache_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                      const KvCache& cache, const KvCacheAppend& append,
+                      cudaStream_t stream = nullptr);
+
 // The workspace forward() and forward_fp8() may use for q's head dim, in
 // *bytes: a bound for any Hopper GPU, 7.5 / 9.9 / 19.3 MB at head dims 64 /
 // 128 / 256. Pure host code: needs no GPU.
@@ -199,6 +302,50 @@ Status forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const Tensor
 // Writes the e4m3 tensor v (batch, seqlen, heads, headdim; strided as Tensor
 // allows) into v_out in the Fp8V layout (same batch, seqlen, heads, headdim).
 Status fp8_v_layout(const Tensor& v, const Fp8V& v_out, cudaStream_t stream = nullptr);
+
+// ---------------------------------------------------------------- combine
+// Split-KV partial results (FlashAttention-3's flash_attn_combine): each of
+// num_splits splits attended to a part of the keys, giving a partial output
+// and log-sum-exp per row; combine() merges them into the attention over all
+// the keys. Shapes and strides are in elements; every dimension may have any
+// non-negative stride (a size-1 dimension's is ignored) except headdim,
+// which must be contiguous (stride 1). Pointers need only their element's
+// alignment: 16-byte aligned data and strides take the vectorized path,
+// anything else a scalar one.
+struct CombineArgs {
+  // float32 (num_splits, batch, seqlen, heads, headdim): num_splits >= 1,
+  // headdim 1 to kMaxCombineHeadDim; batch, seqlen or heads may be 0 (an
+  // empty problem: nothing is launched, and the pointers may be null).
+  const float* out_partial = nullptr;
+  std::array<int64_t, 5> out_partial_shape{};
+  std::array<int64_t, 5> out_partial_stride{};
+  // float32 (num_splits, batch, seqlen, heads), shaped by out_partial_shape.
+  // FlashAttention-3 lays it out seqlen-contiguous; any strides do here.
+  const float* lse_partial = nullptr;
+  std::array<int64_t, 4> lse_partial_stride{};
+  // float32, float16 or bfloat16 (batch, seqlen, heads, headdim): shaped as
+  // out_partial less its split dimension; any strides, headdim contiguous.
+  Tensor out;
+  // Optional (nullptr to skip): float32 (batch, seqlen, heads).
+  // FlashAttention-3 allocates it (batch, heads, seqlen) and transposes it:
+  // lse_stride = {heads * seqlen, 1, seqlen}.
+  float* lse = nullptr;
+  std::array<int64_t, 3> lse_stride{};
+};
+
+// The widest row combine() takes (FlashAttention-3 tests up to 512).
+inline constexpr int kMaxCombineHeadDim = 1024;
+
+// Per output row (b, s, h), with l_i = lse_partial[i, b, s, h]:
+//   lse = log(sum_i exp(l_i))   (torch.logsumexp over the splits)
+//   out = sum_i exp(l_i - lse) * out_partial[i, b, s, h, :]
+// where a weight exp(l_i - lse) that is inf or NaN counts as 0, as
+// FlashAttention-3's reference does: a row whose splits are all -inf (none saw
+// a key) gets zeros and lse -inf; any +inf gives zeros and +inf; a NaN lse
+// gives zeros and NaN. Splits of weight 0 are not read. Sums in float32; out
+// is rounded once to its dtype. out and lse must not overlap each other or
+// the inputs.
+Status combine(const CombineArgs& args, cudaStream_t stream = nullptr);
 
 // "major.minor.patch"
 const char* version();

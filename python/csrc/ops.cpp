@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -368,6 +369,251 @@ std::tuple<Tensor, Tensor> quantize_fp8_cuda(const Tensor& x, int64_t block_rows
   return {x_fp8, descale};
 }
 
+// combine (FlashAttention-3's flash_attn_combine): out_partial (num_splits,
+// batch, seqlen, heads, headdim) and lse_partial (num_splits, batch, seqlen,
+// heads), float32, any strides with headdim contiguous, merged into out
+// (batch, seqlen, heads, headdim) of out_dtype (float32 by default) and lse
+// (batch, seqlen, heads), allocated (batch, heads, seqlen) and transposed as
+// FlashAttention-3 does.
+std::tuple<Tensor, Tensor> combine_outputs(const Tensor& out_partial,
+                                           std::optional<at::ScalarType> out_dtype) {
+  TORCH_CHECK_VALUE(out_partial.dim() == 5, "flash3: out_partial must be a 5-d tensor "
+                    "(num_splits, batch, seqlen, heads, headdim), got ", out_partial.dim(),
+                    " dimensions");
+  const at::ScalarType type = out_dtype.value_or(at::kFloat);
+  TORCH_CHECK_VALUE(type == at::kFloat || type == at::kHalf || type == at::kBFloat16,
+                    "flash3: out_dtype is ", torch_name(type),
+                    "; combine writes torch.float32, torch.float16 or torch.bfloat16");
+  // Symbolic sizes: torch.compile's dynamic shapes trace this (the Meta kernel).
+  const c10::SymInt batch = out_partial.sym_size(1), seqlen = out_partial.sym_size(2),
+                    heads = out_partial.sym_size(3), headdim = out_partial.sym_size(4);
+  return {at::empty_symint({batch, seqlen, heads, headdim}, out_partial.options().dtype(type)),
+          at::empty_symint({batch, heads, seqlen}, out_partial.options().dtype(at::kFloat))
+              .transpose(1, 2)};
+}
+
+std::tuple<Tensor, Tensor> combine_cuda(const Tensor& out_partial, const Tensor& lse_partial,
+                                        std::optional<at::ScalarType> out_dtype) {
+  OnDevice on(out_partial, "out_partial");
+  const at::Device device = out_partial.device();
+  auto [out, lse] = combine_outputs(out_partial, out_dtype);
+  // flash3 takes bare float pointers and reads lse_partial's shape from
+  // out_partial's: the dtypes, lse_partial's shape and its device are checked here.
+  TORCH_CHECK_VALUE(out_partial.scalar_type() == at::kFloat, "flash3: out_partial must be "
+                    "torch.float32, got ", torch_name(out_partial.scalar_type()));
+  TORCH_CHECK_VALUE(lse_partial.dim() == 4 && lse_partial.sizes() == out_partial.sizes().slice(0, 4),
+                    "flash3: lse_partial must be (num_splits, batch, seqlen, heads) = ",
+                    out_partial.sizes().slice(0, 4), ", got shape ", lse_partial.sizes());
+  TORCH_CHECK_VALUE(lse_partial.scalar_type() == at::kFloat, "flash3: lse_partial must be "
+                    "torch.float32, got ", torch_name(lse_partial.scalar_type()));
+  TORCH_CHECK_VALUE(lse_partial.device() == device, "flash3: lse_partial is on ",
+                    lse_partial.device(), " but out_partial is on ", device);
+  CombineArgs args;
+  args.out_partial = out_partial.data_ptr<float>();
+  for (int i = 0; i < 5; ++i) {
+    args.out_partial_shape[i] = out_partial.size(i);
+    args.out_partial_stride[i] = out_partial.stride(i);
+  }
+  args.lse_partial = lse_partial.data_ptr<float>();
+  for (int i = 0; i < 4; ++i) {
+    args.lse_partial_stride[i] = lse_partial.stride(i);
+  }
+  args.out = describe(out, "out", device);
+  args.lse = lse.data_ptr<float>();
+  for (int i = 0; i < 3; ++i) {
+    args.lse_stride[i] = lse.stride(i);
+  }
+  raise_unless_ok(combine(args, on.stream));
+  return {out, lse};
+}
+
+// Varlen (FlashAttention's packed layout): q, k, v (total, heads, headdim),
+// out like q, lse (heads_q, total_q); flash3 sees them as batch 1.
+std::tuple<Tensor, Tensor> varlen_outputs(const Tensor& q) {
+  TORCH_CHECK_VALUE(q.dim() == 3, "flash3: q must be a 3-d tensor (total_q, heads, headdim) for "
+                    "a varlen batch, got ", q.dim(), " dimensions");
+  return {at::empty_like(q), at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))};
+}
+
+const int* offsets_of(const Tensor& cu, const char* name, const at::Device& device) {
+  TORCH_CHECK_VALUE(cu.dim() == 1 && cu.scalar_type() == at::kInt && cu.is_contiguous() &&
+                        cu.numel() >= 2,
+                    "flash3: ", name, " must be a contiguous int32 tensor of batch + 1 >= 2 "
+                    "offsets, got ", cu.scalar_type(), " of shape ", cu.sizes());
+  TORCH_CHECK_VALUE(cu.device() == device, "flash3: ", name, " is on ", cu.device(),
+                    " but q is on ", device);
+  return cu.data_ptr<int>();
+}
+
+// A (batch,) int32 tensor on q's device (cache lengths, seqused).
+const int* per_batch(const Tensor& t, const char* name, int64_t batch, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.scalar_type() == at::kInt && t.is_contiguous() &&
+                        t.numel() == batch,
+                    "flash3: ", name, " must be a contiguous int32 tensor of batch = ", batch,
+                    " entries, got ", t.scalar_type(), " of shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == device, "flash3: ", name, " is on ", t.device(),
+                    " but q is on ", device);
+  return t.data_ptr<int>();
+}
+
+std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
+                                           const Tensor& cu_seqlens_q,
+                                           const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                           std::optional<double> softmax_scale, bool causal,
+                                           const std::optional<Tensor>& seqused_q,
+                                           const std::optional<Tensor>& seqused_k) {
+  auto [out, lse] = varlen_outputs(q);
+  OnDevice on(q, "q");
+  const at::Device device = q.device();
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"k", k}, {"v", v}}) {
+    TORCH_CHECK_VALUE(t.dim() == 3, "flash3: ", name,
+                      " must be a 3-d tensor (total_k, heads_k, headdim) for a varlen batch");
+  }
+  const Tensor q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0), out4 = out.unsqueeze(0);
+  const flash3::Tensor q_d = describe(q4, "q", device), k_d = describe(k4, "k", device),
+                       v_d = describe(v4, "v", device), out_d = describe(out4, "out", device);
+  TORCH_CHECK_VALUE(cu_seqlens_k.numel() == cu_seqlens_q.numel(), "flash3: cu_seqlens_k has ",
+                    cu_seqlens_k.numel(), " offsets, cu_seqlens_q ", cu_seqlens_q.numel());
+  TORCH_CHECK_VALUE(max_seqlen_q >= 1 && max_seqlen_q <= (int64_t{1} << 31) - 1,
+                    "flash3: max_seqlen_q must be in [1, 2^31), got ", max_seqlen_q);
+  const int64_t batch = cu_seqlens_q.numel() - 1;
+  const Varlen varlen{
+      offsets_of(cu_seqlens_q, "cu_seqlens_q", device),
+      offsets_of(cu_seqlens_k, "cu_seqlens_k", device),
+      static_cast<int>(batch),
+      static_cast<int>(max_seqlen_q),
+      seqused_q.has_value() ? per_batch(*seqused_q, "seqused_q", batch, device) : nullptr,
+      seqused_k.has_value() ? per_batch(*seqused_k, "seqused_k", batch, device) : nullptr};
+  ForwardOptions options;
+  options.causal = causal;
+  options.softmax_scale = scale_of(softmax_scale);
+  const Tensor workspace = forward_workspace(q4, q_d, on);
+  set_workspace(workspace, &options);
+  raise_unless_ok(forward_varlen(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), varlen, options,
+                                 on.stream));
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const Tensor&,
+                                           const Tensor&, const Tensor&, int64_t,
+                                           std::optional<double>, bool,
+                                           const std::optional<Tensor>&,
+                                           const std::optional<Tensor>&) {
+  return varlen_outputs(q);
+}
+
+// KV cache (FlashAttention's flash_attn_with_kvcache without pages or
+// appends): q (batch, seqlen_q, heads_q, headdim), k_cache and v_cache
+// (kv_batch, capacity, heads_k, headdim), cache_seqlens (batch,) int32,
+// cache_batch_idx (batch,) int32 or none; out and lse as fwd's.
+
+// A paged cache's page table: (batch, pages) int32, contiguous, on q's device.
+const int* page_table_of(const Tensor& t, int64_t batch, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.dim() == 2 && t.scalar_type() == at::kInt && t.is_contiguous() &&
+                        t.size(0) == batch && t.size(1) >= 1,
+                    "flash3: page_table must be a contiguous int32 tensor (batch = ", batch,
+                    ", pages >= 1), got ", t.scalar_type(), " of shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.device() == device, "flash3: page_table is on ", t.device(),
+                    " but q is on ", device);
+  return t.data_ptr<int>();
+}
+
+std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cache,
+                                            const Tensor& v_cache, const Tensor& cache_seqlens,
+                                            const std::optional<Tensor>& cache_batch_idx,
+                                            std::optional<double> softmax_scale, bool causal,
+                                            const std::optional<Tensor>& page_table) {
+  auto [out, lse] = forward_outputs(q);
+  OnDevice on(q, "q");
+  const at::Device device = q.device();
+  const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k_cache, "k_cache", device),
+                       v_d = describe(v_cache, "v_cache", device),
+                       out_d = describe(out, "out", device);
+  const KvCache cache{
+      per_batch(cache_seqlens, "cache_seqlens", q.size(0), device),
+      cache_batch_idx.has_value()
+          ? per_batch(*cache_batch_idx, "cache_batch_idx", q.size(0), device)
+          : nullptr,
+      page_table.has_value() ? page_table_of(*page_table, q.size(0), device) : nullptr,
+      page_table.has_value() ? static_cast<int>(page_table->size(1)) : 0};
+  ForwardOptions options;
+  options.causal = causal;
+  options.softmax_scale = scale_of(softmax_scale);
+  const Tensor workspace = forward_workspace(q, q_d, on);
+  set_workspace(workspace, &options);
+  raise_unless_ok(forward_kvcache(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), cache, options,
+                                  on.stream));
+  return {out, lse};
+}
+
+std::tuple<Tensor, Tensor> fwd_kvcache_meta(const Tensor& q, const Tensor&, const Tensor&,
+                                            const Tensor&, const std::optional<Tensor>&,
+                                            std::optional<double>, bool,
+                                            const std::optional<Tensor>&) {
+  return forward_outputs(q);
+}
+
+// New tokens for a KV cache (FlashAttention-3's k, v and rotary arguments of
+// flash_attn_with_kvcache): k and v written into k_cache / v_cache in place
+// after each batch's cache_seqlens[b] slots; returns q rotated (an empty
+// tensor without rotary tables: q stays as it is) and the new lengths.
+std::tuple<Tensor, Tensor> kvcache_append_outputs(const Tensor& q, const Tensor& cache_seqlens,
+                                                  bool rotary) {
+  return {rotary ? at::empty_like(q) : at::empty({0}, q.options()),
+          at::empty({q.size(0)}, cache_seqlens.options().dtype(at::kInt))};
+}
+
+std::tuple<Tensor, Tensor> kvcache_append_cuda(
+    const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k,
+    const Tensor& v, const Tensor& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
+    const std::optional<Tensor>& page_table, const std::optional<Tensor>& rotary_cos,
+    const std::optional<Tensor>& rotary_sin, bool rotary_interleaved, bool causal) {
+  OnDevice on(q, "q");
+  const at::Device device = q.device();
+  const bool rotary = rotary_cos.has_value() || rotary_sin.has_value();
+  TORCH_CHECK_VALUE(rotary_cos.has_value() == rotary_sin.has_value(),
+                    "flash3: rotary_cos and rotary_sin go together");
+  auto [q_rotated, seqlens] = kvcache_append_outputs(q, cache_seqlens, rotary);
+  KvCacheAppend append;
+  append.k_new = describe(k, "k", device);
+  append.v_new = describe(v, "v", device);
+  append.causal = causal;
+  append.rotary_interleaved = rotary_interleaved;
+  append.seqlens_out = seqlens.data_ptr<int>();
+  if (rotary) {
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"rotary_cos", *rotary_cos},
+                                  {"rotary_sin", *rotary_sin}}) {
+      TORCH_CHECK_VALUE(t.dim() == 2 && t.is_contiguous() && t.scalar_type() == q.scalar_type() &&
+                            t.device() == device && t.sizes() == rotary_cos->sizes(),
+                        "flash3: ", name, " must be a contiguous (seqlen_ro, rotary_dim / 2) "
+                        "tensor of q's dtype on q's device, like rotary_cos; got ",
+                        t.scalar_type(), " of shape ", t.sizes(), " on ", t.device());
+    }
+    append.rotary_cos = rotary_cos->data_ptr();
+    append.rotary_sin = rotary_sin->data_ptr();
+    append.rotary_rows = static_cast<int>(rotary_cos->size(0));
+    append.rotary_dim = static_cast<int>(rotary_cos->size(1) * 2);
+    append.q_rotated = describe(q_rotated, "q_rotated", device);
+  }
+  const KvCache cache{
+      per_batch(cache_seqlens, "cache_seqlens", q.size(0), device),
+      cache_batch_idx.has_value()
+          ? per_batch(*cache_batch_idx, "cache_batch_idx", q.size(0), device)
+          : nullptr,
+      page_table.has_value() ? page_table_of(*page_table, q.size(0), device) : nullptr,
+      page_table.has_value() ? static_cast<int>(page_table->size(1)) : 0};
+  raise_unless_ok(kvcache_append(describe(q, "q", device), describe(k_cache, "k_cache", device),
+                                 describe(v_cache, "v_cache", device), cache, append, on.stream));
+  return {q_rotated, seqlens};
+}
+
+std::tuple<Tensor, Tensor> kvcache_append_meta(
+    const Tensor& q, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+    const Tensor& cache_seqlens, const std::optional<Tensor>&, const std::optional<Tensor>&,
+    const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>&, bool, bool) {
+  return kvcache_append_outputs(q, cache_seqlens, rotary_cos.has_value());
+}
+
 // ------------------------------------------------------------- CPU
 // Every op on CPU tensors (the first CPU one named): a clear refusal instead of
 // the dispatcher's list of backends.
@@ -417,6 +663,11 @@ std::tuple<Tensor, Tensor> fwd_fp8_meta(const Tensor& q, const Tensor&, const Te
 
 std::tuple<Tensor, Tensor> quantize_fp8_meta(const Tensor& x, int64_t block_rows, bool, int64_t) {
   return quantize_outputs(x, block_rows);
+}
+
+std::tuple<Tensor, Tensor> combine_meta(const Tensor& out_partial, const Tensor&,
+                                        std::optional<at::ScalarType> out_dtype) {
+  return combine_outputs(out_partial, out_dtype);
 }
 
 // ------------------------------------------------------------- autograd
@@ -491,6 +742,41 @@ std::tuple<Tensor, Tensor> fwd_fp8_autograd(const Tensor& q, const Tensor& k, co
   return {result[0], result[1]};
 }
 
+// fwd_varlen's autograd kernel: outputs whose backward says there is none yet.
+class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& cu_seqlens_q,
+                               const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                               std::optional<double> softmax_scale, bool causal,
+                               const std::optional<Tensor>& seqused_q,
+                               const std::optional<Tensor>& seqused_k) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("flash3::fwd_varlen", "")
+                         .typed<decltype(fwd_varlen_cuda)>();
+    auto [out, lse] = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                              causal, seqused_q, seqused_k);
+    ctx->mark_non_differentiable({lse});
+    return {out, lse};
+  }
+
+  static variable_list backward(AutogradContext*, variable_list) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "flash3: the varlen backward is not implemented yet");
+  }
+};
+
+std::tuple<Tensor, Tensor> fwd_varlen_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
+                                               const Tensor& cu_seqlens_q,
+                                               const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                                               std::optional<double> softmax_scale, bool causal,
+                                               const std::optional<Tensor>& seqused_q,
+                                               const std::optional<Tensor>& seqused_k) {
+  variable_list result = VarlenAttention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                softmax_scale, causal, seqused_q, seqused_k);
+  return {result[0], result[1]};
+}
+
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                         std::optional<double> softmax_scale, bool causal,
                                         bool deterministic) {
@@ -517,35 +803,60 @@ TORCH_LIBRARY(flash3, m) {
         "-> (Tensor out, Tensor softmax_lse)");
   m.def("quantize_fp8(Tensor x, int block_rows=128, bool hadamard=False, int seed=0) "
         "-> (Tensor x_fp8, Tensor descale)");
+  m.def("fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+        "int max_seqlen_q, float? softmax_scale=None, bool causal=False, Tensor? seqused_q=None, "
+        "Tensor? seqused_k=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
+  m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
+        "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
+        "Tensor? page_table=None) -> (Tensor out, Tensor softmax_lse)");
+  m.def("kvcache_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
+        "Tensor cache_seqlens, Tensor? cache_batch_idx=None, Tensor? page_table=None, "
+        "Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=False, "
+        "bool causal=False) -> (Tensor q_rotated, Tensor seqlens)");
+  m.def("combine(Tensor out_partial, Tensor lse_partial, ScalarType? out_dtype=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
 }
 
 TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
+  m.impl("combine", &combine_cuda);
   m.impl("fwd", &fwd_cuda);
   m.impl("fwd_out", &fwd_out_cuda);
   m.impl("bwd", &bwd_cuda);
   m.impl("bwd_out", &bwd_out_cuda);
   m.impl("fwd_fp8", &fwd_fp8_cuda);
   m.impl("quantize_fp8", &quantize_fp8_cuda);
+  m.impl("fwd_varlen", &fwd_varlen_cuda);
+  m.impl("fwd_kvcache", &fwd_kvcache_cuda);
+  m.impl("kvcache_append", &kvcache_append_cuda);
 }
 
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
-  for (const char* op : {"fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8"}) {
+  m.impl("combine", torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
+  for (const char* op :
+       {"fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
+        "fwd_kvcache", "kvcache_append"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
   }
 }
 
 TORCH_LIBRARY_IMPL(flash3, Meta, m) {
+  m.impl("combine", &combine_meta);
   m.impl("fwd", &fwd_meta);
   m.impl("fwd_out", &fwd_out_meta);
   m.impl("bwd", &bwd_meta);
   m.impl("bwd_out", &bwd_out_meta);
   m.impl("fwd_fp8", &fwd_fp8_meta);
   m.impl("quantize_fp8", &quantize_fp8_meta);
+  m.impl("fwd_varlen", &fwd_varlen_meta);
+  m.impl("fwd_kvcache", &fwd_kvcache_meta);
+  m.impl("kvcache_append", &kvcache_append_meta);
 }
 
 TORCH_LIBRARY_IMPL(flash3, Autograd, m) {
   m.impl("fwd", &fwd_autograd);
   m.impl("fwd_fp8", &fwd_fp8_autograd);
+  m.impl("fwd_varlen", &fwd_varlen_autograd);
 }
 
 }  // namespace flash3::torch_ops

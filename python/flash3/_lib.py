@@ -49,6 +49,56 @@ class ForwardArgs(ctypes.Structure):
     ]
 
 
+class ForwardVarlenArgs(ctypes.Structure):
+    """flash3_forward_varlen_args."""
+
+    _fields_ = [
+        ("forward", ForwardArgs),
+        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int)),
+        ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int)),
+        ("batch", ctypes.c_int),
+        ("max_seqlen_q", ctypes.c_int),
+        ("seqused_q", ctypes.POINTER(ctypes.c_int)),
+        ("seqused_k", ctypes.POINTER(ctypes.c_int)),
+    ]
+
+
+class ForwardKvCacheArgs(ctypes.Structure):
+    """flash3_forward_kvcache_args."""
+
+    _fields_ = [
+        ("forward", ForwardArgs),
+        ("cache_seqlens", ctypes.POINTER(ctypes.c_int)),
+        ("cache_batch_idx", ctypes.POINTER(ctypes.c_int)),
+        ("page_table", ctypes.POINTER(ctypes.c_int)),
+        ("pages_per_batch", ctypes.c_int),
+    ]
+
+
+class KvCacheAppendArgs(ctypes.Structure):
+    """flash3_kvcache_append_args."""
+
+    _fields_ = [
+        ("q", Tensor),
+        ("k_cache", Tensor),
+        ("v_cache", Tensor),
+        ("k_new", Tensor),
+        ("v_new", Tensor),
+        ("q_rotated", Tensor),
+        ("cache_seqlens", ctypes.POINTER(ctypes.c_int)),
+        ("cache_batch_idx", ctypes.POINTER(ctypes.c_int)),
+        ("page_table", ctypes.POINTER(ctypes.c_int)),
+        ("pages_per_batch", ctypes.c_int),
+        ("rotary_cos", ctypes.c_void_p),
+        ("rotary_sin", ctypes.c_void_p),
+        ("rotary_rows", ctypes.c_int),
+        ("rotary_dim", ctypes.c_int),
+        ("rotary_interleaved", ctypes.c_int),
+        ("causal", ctypes.c_int),
+        ("seqlens_out", ctypes.POINTER(ctypes.c_int)),
+    ]
+
+
 class BackwardArgs(ctypes.Structure):
     """flash3_backward_args."""
 
@@ -126,15 +176,35 @@ class Fp8VLayoutArgs(ctypes.Structure):
     _fields_ = [("v", Tensor), ("v_out", Fp8V)]
 
 
+class CombineArgs(ctypes.Structure):
+    """flash3_combine_args: split-KV partial results to merge (strides in elements)."""
+
+    _fields_ = [
+        ("out_partial", ctypes.POINTER(ctypes.c_float)),
+        ("out_partial_shape", ctypes.c_int64 * 5),
+        ("out_partial_stride", ctypes.c_int64 * 5),
+        ("lse_partial", ctypes.POINTER(ctypes.c_float)),
+        ("lse_partial_stride", ctypes.c_int64 * 4),
+        ("out", Tensor),
+        ("lse", ctypes.POINTER(ctypes.c_float)),
+        ("lse_stride", ctypes.c_int64 * 3),
+    ]
+
+
 FP8_V_KEY_GROUP = 16  # FLASH3_FP8_V_KEY_GROUP
+MAX_COMBINE_HEAD_DIM = 1024  # FLASH3_MAX_COMBINE_HEAD_DIM
 
 # The calls that take (const args*, cudaStream_t) and return flash3_status.
 _CALLS = {
     "flash3_forward": ForwardArgs,
+    "flash3_forward_varlen": ForwardVarlenArgs,
+    "flash3_forward_kvcache": ForwardKvCacheArgs,
+    "flash3_kvcache_append": KvCacheAppendArgs,
     "flash3_backward": BackwardArgs,
     "flash3_forward_fp8": ForwardFp8Args,
     "flash3_quantize_fp8": QuantizeArgs,
     "flash3_fp8_v_layout": Fp8VLayoutArgs,
+    "flash3_combine": CombineArgs,
 }
 
 
@@ -259,3 +329,7 @@ def quantize_fp8(args, stream):
 
 def fp8_v_layout(args, stream):
     _call("flash3_fp8_v_layout", args, stream)
+
+
+def combine(args, stream):
+    _call("flash3_combine", args, stream)

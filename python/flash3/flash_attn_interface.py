@@ -47,8 +47,10 @@ def _not_supported(name, value):
 
 
 def _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale):
-    """FlashAttention-3 arguments flash3 accepts only at their defaults. (pack_gqa, a
-    speed hint, is accepted and ignored; num_splits 0 means "choose": flash3 never splits.)"""
+    """FlashAttention-3 arguments flash3 accepts only at their defaults. (pack_gqa and
+    num_splits, speed hints that do not change the result, are accepted and ignored:
+    flash3 packs GQA heads and splits the keys over the SMs where its planner finds it
+    pays.)"""
     if qv is not None:
         raise _not_supported("qv", qv)
     if window_size is not None and tuple(window_size) not in ((-1, -1), (None, None)):
@@ -57,8 +59,6 @@ def _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, s
         raise _not_supported("attention_chunk", attention_chunk)
     if softcap != 0.0:
         raise _not_supported("softcap", softcap)
-    if num_splits not in (0, 1):
-        raise _not_supported("num_splits", num_splits)
     if sm_margin != 0:
         raise _not_supported("sm_margin", sm_margin)
     if softmax_scale == 0.0:  # flash3 reads 0 as 1/sqrt(headdim)
@@ -151,7 +151,7 @@ def flash_attn_func(
     nothing). deterministic=True makes them bitwise identical from run to run.
     """
     if qv is not None or softcap != 0.0 or window_size != (-1, -1) or attention_chunk != 0 \
-            or num_splits != 1 or sm_margin != 0 or softmax_scale == 0.0:
+            or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
     if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 == v.dim() \
             and v.shape[-1] != q.shape[-1]:
@@ -202,19 +202,171 @@ def flash_attn_qkvpacked_func(
                            return_attn_probs)
 
 
-def _not_yet(name, what):
-    def refuse(*args, **kwargs):
-        raise NotImplementedError(f"flash3: {name} ({what}) is not implemented yet")
+def flash_attn_varlen_func(
+    q,
+    k,
+    v,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q,
+    max_seqlen_k,
+    seqused_q=None,
+    seqused_k=None,
+    softmax_scale=None,
+    causal=False,
+    qv=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    window_size=(-1, -1),
+    attention_chunk=0,
+    softcap=0.0,
+    num_splits=1,
+    pack_gqa=None,
+    deterministic=False,
+    sm_margin=0,
+    return_attn_probs=False,
+):
+    """Attention over a packed variable-length batch: q (total_q, heads, headdim), k and v
+    (total_k, heads_k, headdim); sequence b's rows are [cu_seqlens_q[b], cu_seqlens_q[b + 1])
+    (int32, batch + 1 offsets, on q's device), causal bottom-right per sequence; with
+    seqused_q / seqused_k ((batch,) int32) sequence b uses only its first seqused_q[b] queries
+    and seqused_k[b] keys (out's other rows are left unwritten). Returns out
+    like q, or (out, softmax_lse (heads, total_q)) when return_attn_probs. Forward only
+    (its backward raises)."""
+    if qv is not None or softcap != 0.0 or window_size != (-1, -1) or attention_chunk != 0 \
+            or sm_margin != 0 or softmax_scale == 0.0:
+        _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
+    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if value is not None:
+            raise _not_supported(name, value)
+    out, softmax_lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
+                                      seqused_q, seqused_k)
+    return (out, softmax_lse) if return_attn_probs else out
 
-    refuse.__name__ = name
-    refuse.__doc__ = f"FlashAttention-3's {name}: not implemented in flash3 yet ({what}); raises NotImplementedError."
-    return refuse
+
+def flash_attn_with_kvcache(
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    qv=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    page_table=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k_new=None,
+    max_seqlen_q=None,
+    rotary_seqlens=None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    attention_chunk=0,
+    softcap=0.0,
+    rotary_interleaved=True,
+    scheduler_metadata=None,
+    num_splits=0,
+    pack_gqa=None,
+    sm_margin=0,
+    return_softmax_lse=False,
+):
+    """Attention of q (batch, seqlen_q, heads_q, headdim) against a KV cache: k_cache and
+    v_cache (kv_batch, capacity, heads_k, headdim), of which batch b uses the first
+    cache_seqlens[b] slots (an int for all, a (batch,) int32 tensor, or None for all
+    `capacity`) of cache batch cache_batch_idx[b] (None: b); or, with page_table (batch,
+    pages) int32, a pool of pages (num_pages, page_size, heads_k, headdim) whose rows
+    batch b reads in the order of page_table[b] (capacity pages x page_size; page_size a
+    multiple of 16). Causal is bottom-right per batch. Decoding (seqlen_q 1) with GQA packs each K/V head's query heads into one tile
+    and splits the keys over the SMs itself (num_splits is a hint it ignores). Returns out like q,
+    or (out, softmax_lse (batch, heads_q, seqlen_q)) when return_softmax_lse.
+
+    k and v (batch, seqlen_new, heads_k, headdim), when given, are written into the cache
+    in place after each batch's cache_seqlens[b] keys (and attended to); with rotary_cos
+    and rotary_sin ((seqlen_ro, rotary_dim / 2), q's dtype, seqlen_ro at least the
+    capacity) k is rotated to positions cache_seqlens[b] + i on the way, and q to
+    cache_seqlens[b] + i when causal, else cache_seqlens[b] (interleaved pairs (2i, 2i+1)
+    or halves). scheduler_metadata (get_scheduler_metadata's) is accepted and unused. Not
+    yet: cache_leftpad, varlen q (cu_seqlens_q, cu_seqlens_k_new), rotary_seqlens, rotary
+    without k; each raises NotImplementedError naming it."""
+    if qv is not None or softcap != 0.0 or tuple(window_size) != (-1, -1) or attention_chunk != 0 \
+            or sm_margin != 0 or softmax_scale == 0.0:
+        _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
+    for name, value in (("cache_leftpad", cache_leftpad),
+                        ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
+                        ("max_seqlen_q", max_seqlen_q), ("rotary_seqlens", rotary_seqlens),
+                        ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if value is not None:
+            raise _not_supported(name, value)
+    if (k is None) != (v is None):
+        raise ValueError("flash3: k and v (the new keys and values) go together")
+    if k is None and (rotary_cos is not None or rotary_sin is not None):
+        raise _not_supported("rotary_cos without k", rotary_cos)
+    if cache_seqlens is None or isinstance(cache_seqlens, int):
+        capacity = k_cache.shape[1] * (1 if page_table is None else page_table.shape[1])
+        used = capacity if cache_seqlens is None else cache_seqlens
+        cache_seqlens = torch.full((q.shape[0],), used, dtype=torch.int32, device=q.device)
+    if k is not None:
+        q_rotated, cache_seqlens = ops.kvcache_append(
+            q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, page_table, rotary_cos,
+            rotary_sin, rotary_interleaved, causal)
+        if rotary_cos is not None:
+            q = q_rotated
+    out, softmax_lse = ops.fwd_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
+                                       softmax_scale, causal, page_table)
+    return (out, softmax_lse) if return_softmax_lse else out
 
 
-flash_attn_varlen_func = _not_yet("flash_attn_varlen_func", "variable-length batches")
-flash_attn_with_kvcache = _not_yet("flash_attn_with_kvcache", "KV-cache decoding")
-flash_attn_combine = _not_yet("flash_attn_combine", "split-KV partial results")
-get_scheduler_metadata = _not_yet("get_scheduler_metadata", "split-KV scheduling")
+def flash_attn_combine(out_partial, lse_partial, out=None, out_dtype=None):
+    """Merges split-KV partial results, as FlashAttention-3's flash_attn_combine.
+
+    out_partial: float32 (num_splits, batch, seqlen, heads, headdim), head dim up to 1024;
+    lse_partial: float32 (num_splits, batch, seqlen, heads); any strides, out_partial's last
+    dimension contiguous. Per row, lse = logsumexp over the splits and out = sum_i
+    exp(lse_partial[i] - lse) * out_partial[i], a weight that is inf or NaN counting as 0 (a
+    row whose splits are all -inf gets zeros and lse -inf).
+
+    Returns (out, lse): out (batch, seqlen, heads, headdim) in out_dtype (float32, float16
+    or bfloat16; by default out's dtype when out is given, else float32), lse float32
+    (batch, seqlen, heads) (a transposed (batch, heads, seqlen) tensor, as
+    FlashAttention-3's). With `out` the result is copied into it and out is returned.
+    """
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(f"flash3: out must be a torch.Tensor, got {type(out).__name__}")
+        if out_dtype is None:
+            out_dtype = out.dtype
+        elif out.dtype != out_dtype:
+            raise ValueError(f"flash3: out.dtype is {out.dtype} but out_dtype is {out_dtype}")
+        if isinstance(out_partial, torch.Tensor) and out.shape != out_partial.shape[1:]:
+            raise ValueError(f"flash3: out must be (batch, seqlen, heads, headdim) = "
+                             f"{tuple(out_partial.shape[1:])}, got {tuple(out.shape)}")
+    result, softmax_lse = ops.combine(out_partial, lse_partial, out_dtype)
+    if out is None:
+        return result, softmax_lse
+    out.copy_(result)
+    return out, softmax_lse
+
+
+def get_scheduler_metadata(batch_size, max_seqlen_q, max_seqlen_k, num_heads_q, num_heads_kv,
+                           headdim, cache_seqlens, qkv_dtype=torch.bfloat16, headdim_v=None,
+                           cu_seqlens_q=None, cu_seqlens_k_new=None, cache_leftpad=None,
+                           page_size=None, max_seqlen_k_new=0, causal=False, window_size=(-1, -1),
+                           attention_chunk=0, has_softcap=False, num_splits=0, pack_gqa=None,
+                           sm_margin=0):
+    """FlashAttention-3's precomputed split-KV schedule for flash_attn_with_kvcache. flash3
+    plans its splits on the device in each call, so there is nothing to precompute: this
+    returns an empty int32 tensor on cache_seqlens' device, which flash_attn_with_kvcache
+    accepts as scheduler_metadata and does not read."""
+    if not isinstance(cache_seqlens, torch.Tensor):
+        raise ValueError("flash3: cache_seqlens must be a tensor")
+    return torch.empty(0, dtype=torch.int32, device=cache_seqlens.device)
 
 
 def flash_attn_fp8_func(q, k, v, causal=False, softmax_scale=None, block_quant=True,

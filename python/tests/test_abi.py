@@ -16,12 +16,16 @@ INCLUDE_DIR = Path(__file__).resolve().parents[2] / "include"
 STRUCTS = (
     (_lib.Tensor, "flash3_tensor"),
     (_lib.ForwardArgs, "flash3_forward_args"),
+    (_lib.ForwardVarlenArgs, "flash3_forward_varlen_args"),
+    (_lib.ForwardKvCacheArgs, "flash3_forward_kvcache_args"),
+    (_lib.KvCacheAppendArgs, "flash3_kvcache_append_args"),
     (_lib.BackwardArgs, "flash3_backward_args"),
     (_lib.Fp8V, "flash3_fp8_v"),
     (_lib.Fp8Descale, "flash3_fp8_descale"),
     (_lib.ForwardFp8Args, "flash3_forward_fp8_args"),
     (_lib.QuantizeArgs, "flash3_quantize_args"),
     (_lib.Fp8VLayoutArgs, "flash3_fp8_v_layout_args"),
+    (_lib.CombineArgs, "flash3_combine_args"),
 )
 
 
@@ -33,6 +37,7 @@ def _c_layout(tmp_path):
     # flash3.h needs only cudaStream_t from the CUDA headers: a stub keeps CUDA out of this test.
     (tmp_path / "cuda_runtime_api.h").write_text("typedef struct CUstream_st* cudaStream_t;\n")
     lines = [f'printf("FP8_V_KEY_GROUP %d\\n", (int)FLASH3_FP8_V_KEY_GROUP);']
+    lines.append('printf("MAX_COMBINE_HEAD_DIM %d\\n", (int)FLASH3_MAX_COMBINE_HEAD_DIM);')
     for struct, c_name in STRUCTS:
         lines.append(f'printf("sizeof {c_name} %zu\\n", sizeof({c_name}));')
         for field, _ in struct._fields_:
@@ -63,6 +68,7 @@ def test_ctypes_mirrors_match_the_header(tmp_path):
     for name in _constant_names():
         assert getattr(_lib, name) == c[name], name
     assert _lib.FP8_V_KEY_GROUP == c["FP8_V_KEY_GROUP"]
+    assert _lib.MAX_COMBINE_HEAD_DIM == c["MAX_COMBINE_HEAD_DIM"]
 
 
 def test_import_needs_no_library(tmp_path):
@@ -245,3 +251,50 @@ def test_backward_null_args_are_refused(lib):
     args = _valid_backward_args()
     assert lib.flash3_backward_workspace_size(ctypes.byref(args), None) == _lib.ERROR_INVALID_ARGUMENT
     assert b"bytes is null" in lib.flash3_last_error()
+
+
+# ---------------------------------------------------------------- combine
+
+def _valid_combine_args():
+    """A combine that passes validation: 3 splits of batch 2, seqlen 5, heads 4, headdim 64 in
+    FlashAttention-3's layouts (lse_partial seqlen-contiguous, lse (batch, heads, seqlen)
+    transposed), bfloat16 out; the fake pointers fail only at the device check."""
+    n, b, s, h, d = 3, 2, 5, 4, 64
+    at = lambda slot: ctypes.cast(slot << 32, ctypes.POINTER(ctypes.c_float))
+    out = _lib.Tensor(3 << 32, _lib.DTYPE_BFLOAT16, (b, s, h, d), (s * h * d, h * d, d, 1))
+    return _lib.CombineArgs(at(1), (n, b, s, h, d), (b * s * h * d, s * h * d, h * d, d, 1),
+                            at(2), (b * s * h, s * h, 1, s), out, at(4), (h * s, 1, s))
+
+
+@pytest.mark.parametrize(
+    "field, value, error, message",
+    [
+        ("out_partial", None, ValueError, r"flash3::combine: out_partial is null"),
+        ("out_partial_shape", (0, 2, 5, 4, 64), ValueError,
+         r"out_partial_shape\[0\] \(num_splits\) = 0 must be at least 1"),
+        ("out_partial_stride", (2560, 1280, 256, 64, 2), ValueError,
+         r"out_partial_stride\[4\] \(headdim\) = 2 must be 1"),
+        ("lse_partial", None, ValueError, "lse_partial is null"),
+        ("lse_partial_stride", (40, 20, -1, 5), ValueError,
+         r"lse_partial_stride\[2\] \(seqlen\) = -1 must not be negative"),
+        ("out.shape", (2, 5, 4, 32), ValueError, r"out\.shape \(2, 5, 4, 32\) differs from out_partial_shape"),
+        ("out.dtype", _lib.DTYPE_FLOAT8_E4M3, ValueError, "out.dtype is float8_e4m3"),
+        ("lse", ctypes.cast((4 << 32) + 2, ctypes.POINTER(ctypes.c_float)), ValueError,
+         "lse is not 4-byte aligned"),
+        ("lse_stride", (20, 1, 0), ValueError, "lse's strides make elements overlap"),
+    ],
+)
+def test_combine_names_the_bad_field(lib, field, value, error, message):
+    args = _valid_combine_args()
+    *path, last = field.split(".")
+    target = getattr(args, path[0]) if path else args
+    setattr(target, last, value)
+    with pytest.raises(error, match=message):
+        _lib.combine(args, 0)
+
+
+def test_valid_combine_stops_at_the_device(lib):
+    with pytest.raises((RuntimeError, ValueError), match=r"no usable CUDA device|out_partial is not device memory"):
+        _lib.combine(_valid_combine_args(), 0)
+    assert lib.flash3_combine(None, None) == _lib.ERROR_INVALID_ARGUMENT
+    assert b"flash3_combine: args is null" in lib.flash3_last_error()

@@ -1,6 +1,8 @@
 """flash3's registered PyTorch operators (torch.ops.flash3.*): torch.library.opcheck,
 torch.compile(fullgraph=True) against eager, CUDA graph capture and replay, and the
 FlashAttention-3 names of flash3.flash_attn_interface. GPU cases need a Hopper GPU."""
+import itertools
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -22,15 +24,17 @@ def qkv(batch=2, seqlen_q=200, seqlen_k=333, heads=4, heads_k=2, headdim=128, dt
 
 
 def test_every_operator_is_registered():
-    for name in ("fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8"):
+    for name in ("fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
+                 "fwd_kvcache", "kvcache_append"):
         assert hasattr(ops, name), name
+    assert hasattr(ops, "combine")
 
 
-@pytest.mark.parametrize("name", ["flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_combine",
-                                  "get_scheduler_metadata"])
-def test_fa3_names_not_implemented_yet_raise(name):
-    with pytest.raises(NotImplementedError, match=f"flash3: {name} .* is not implemented yet"):
-        getattr(fai, name)()
+def test_get_scheduler_metadata_is_an_empty_hint():
+    # flash3 plans its splits in each call: the metadata is empty, and kvcache takes it.
+    lengths = torch.tensor([5, 7], dtype=torch.int32)
+    meta = fai.get_scheduler_metadata(2, 1, 64, 8, 2, 128, lengths, num_splits=3)
+    assert meta.dtype == torch.int32 and meta.numel() == 0 and meta.device == lengths.device
 
 
 def test_fake_implementations_give_the_outputs_shapes():
@@ -46,6 +50,26 @@ def test_fake_implementations_give_the_outputs_shapes():
     assert x8.dtype == torch.float8_e4m3fn and descale.shape == (2, 2, 3)
     out8, _ = ops.fwd_fp8(q.to(torch.float8_e4m3fn), x8, x8, descale, 100, descale, 128, descale, 128)
     assert out8.dtype == torch.bfloat16 and out8.shape == q.shape
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    out_v, lse_v = ops.fwd_varlen(q[0], k[0], k[0], cu, cu, 100)
+    assert out_v.shape == q[0].shape and lse_v.shape == (8, 100) and lse_v.dtype == torch.float32
+    seqlens = torch.empty(2, dtype=torch.int32, device="meta")
+    out_c, lse_c = ops.fwd_kvcache(q, k, k, seqlens, None, None, True)
+    assert out_c.shape == q.shape and out_c.stride() == q.stride() and lse_c.shape == (2, 8, 100)
+
+
+def test_fake_implementation_of_combine_gives_the_outputs_shapes():
+    # As FlashAttention-3 allocates them: out (batch, seqlen, heads, headdim) in out_dtype
+    # (float32 by default), lse (batch, seqlen, heads) transposed from (batch, heads, seqlen).
+    out_partial = torch.empty(7, 2, 100, 8, 96, device="meta")
+    lse_partial = torch.empty(7, 2, 100, 8, device="meta")
+    out, lse = ops.combine(out_partial, lse_partial)
+    assert out.shape == (2, 100, 8, 96) and out.dtype == torch.float32 and out.is_contiguous()
+    assert lse.shape == (2, 100, 8) and lse.dtype == torch.float32 and lse.stride() == (800, 1, 100)
+    out, _ = ops.combine(out_partial, lse_partial, torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="out_dtype is torch.float64"):
+        ops.combine(out_partial, lse_partial, torch.float64)
 
 
 @requires_hopper
@@ -176,3 +200,292 @@ def test_bare_pointer_tensors_are_checked_for_shape():
     v8, vd = ops.quantize_fp8(v, 128)
     with pytest.raises(ValueError, match=r"q_descale must be a contiguous float32 tensor \(batch, heads, blocks\)"):
         ops.fwd_fp8(q8, k8, v8, qd[:, :, :1].contiguous(), 128, kd, 128, vd, 128)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_varlen_matches_each_sequence_alone(causal, headdim):
+    # The packed batch against flash_attn_func on each sequence alone: the same kernels'
+    # arithmetic on the same rows, so equal within the reduction order's rounding.
+    lengths_q, lengths_k = [17, 1, 300, 129, 1000, 64], [40, 5, 300, 700, 1000, 7]
+    make = lambda n, h: torch.randn(n, h, headdim, device="cuda", dtype=torch.bfloat16)
+    q, k, v = make(sum(lengths_q), 4), make(sum(lengths_k), 2), make(sum(lengths_k), 2)
+    offsets = lambda lengths: torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
+                                           device="cuda")
+    cu_q, cu_k = offsets(lengths_q), offsets(lengths_k)
+    out, lse = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal,
+                                          return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (4, q.shape[0])
+    for b in range(len(lengths_q)):
+        qs = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ks = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        alone, alone_lse = flash_attn_func(q[None, qs], k[None, ks], v[None, ks], causal=causal,
+                                           return_attn_probs=True)
+        torch.testing.assert_close(out[qs], alone[0], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse[:, qs], alone_lse[0], atol=1e-3, rtol=1e-4)
+
+
+@requires_hopper
+def test_varlen_backward_is_refused_by_name():
+    q = torch.randn(10, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
+    out = fai.flash_attn_varlen_func(q, q.detach(), q.detach(), cu, cu, 6, 6)
+    with pytest.raises(NotImplementedError, match="flash3: the varlen backward is not implemented yet"):
+        out.float().sum().backward()
+
+
+@pytest.mark.parametrize("name", ["cache_leftpad", "cu_seqlens_q", "cu_seqlens_k_new", "rotary_seqlens",
+                                  "q_descale"])
+def test_kvcache_arguments_not_implemented_yet_raise_by_name(name):
+    q = torch.empty(2, 1, 8, 128, device="meta", dtype=torch.bfloat16)
+    cache = torch.empty(2, 64, 2, 128, device="meta", dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match=f"flash3: {name}=a tensor is not supported yet"):
+        fai.flash_attn_with_kvcache(q, cache, cache, **{name: torch.empty(1)})
+    with pytest.raises(NotImplementedError, match="flash3: rotary_cos without k=a tensor is not supported yet"):
+        fai.flash_attn_with_kvcache(q, cache, cache, rotary_cos=torch.empty(1), rotary_sin=torch.empty(1))
+    with pytest.raises(ValueError, match="flash3: k and v"):
+        fai.flash_attn_with_kvcache(q, cache, cache, k=cache[:, :1])
+    # Speed hints: accepted (the Meta kernels give the shapes).
+    out = fai.flash_attn_with_kvcache(q, cache, cache, num_splits=3, pack_gqa=True,
+                                      scheduler_metadata=torch.empty(0, dtype=torch.int32))
+    assert out.shape == q.shape
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("seqlen_q", [1, 6])
+def test_kvcache_matches_each_batch_alone(causal, seqlen_q):
+    # Against flash_attn_func on each batch's used cache rows: the same kernels' arithmetic.
+    capacity, seqlens, batch_idx = 3000, [3000, 0, 1, 2048, 777], [4, 0, 2, 1, 5]
+    q = torch.randn(len(seqlens), seqlen_q, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(6, capacity, 2, 128, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    lengths = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    index = torch.tensor(batch_idx, dtype=torch.int32, device="cuda")
+    out, lse = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_batch_idx=index,
+                                           causal=causal, return_softmax_lse=True)
+    assert out.shape == q.shape and lse.shape == (len(seqlens), 8, seqlen_q)
+    for b, (n, i) in enumerate(zip(seqlens, batch_idx)):
+        if n == 0:  # no keys: zero rows, +inf log-sum-exp
+            assert torch.all(out[b] == 0) and torch.all(lse[b] == float("inf"))
+            continue
+        alone, alone_lse = flash_attn_func(q[b:b + 1], k_cache[i:i + 1, :n], v_cache[i:i + 1, :n], causal=causal,
+                                           return_attn_probs=True)
+        torch.testing.assert_close(out[b], alone[0], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(lse[b], alone_lse[0], atol=1e-3, rtol=1e-4)
+    # An int cache_seqlens for every batch, and None for the whole cache.
+    same = fai.flash_attn_with_kvcache(q, k_cache[:5], v_cache[:5], cache_seqlens=capacity, causal=causal)
+    whole = fai.flash_attn_with_kvcache(q, k_cache[:5], v_cache[:5], causal=causal)
+    torch.testing.assert_close(same, whole, atol=0, rtol=0)
+    torch.testing.assert_close(whole, flash_attn_func(q, k_cache[:5], v_cache[:5], causal=causal),
+                               atol=2e-2, rtol=2e-2)
+
+
+@requires_hopper
+def test_kvcache_opcheck_and_compile():
+    q = torch.randn(3, 1, 8, 64, device="cuda", dtype=torch.float16)
+    k_cache, v_cache = (torch.randn(3, 2500, 2, 64, device="cuda", dtype=torch.float16) for _ in range(2))
+    lengths = torch.tensor([2500, 1, 1300], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(ops.fwd_kvcache, (q, k_cache, v_cache, lengths, None, None, False))
+    step = lambda q: fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    torch.testing.assert_close(torch.compile(step, fullgraph=True)(q), step(q), atol=0, rtol=0)
+
+
+@requires_hopper
+@pytest.mark.parametrize("page_size", [16, 256])
+@pytest.mark.parametrize("seqlen_q", [1, 5])
+def test_paged_kvcache_matches_the_contiguous_cache(page_size, seqlen_q):
+    # The same cache contents laid out in shuffled pages of a larger pool.
+    batch, capacity, heads_k = 4, 2048, 2
+    pages = capacity // page_size
+    q = torch.randn(batch, seqlen_q, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(batch, capacity, heads_k, 128, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    perm = torch.randperm(batch * pages + 5, device="cuda", dtype=torch.int32)
+    page_table = perm[:batch * pages].reshape(batch, pages).contiguous()
+    k_pool, v_pool = (torch.randn(batch * pages + 5, page_size, heads_k, 128, device="cuda",
+                                  dtype=torch.bfloat16) for _ in range(2))
+    k_pool[page_table.flatten().long()] = k_cache.reshape(batch * pages, page_size, heads_k, 128)
+    v_pool[page_table.flatten().long()] = v_cache.reshape(batch * pages, page_size, heads_k, 128)
+    lengths = torch.tensor([capacity, 1, 0, 1000], dtype=torch.int32, device="cuda")
+    for causal in (False, True):
+        want = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, causal=causal)
+        got = fai.flash_attn_with_kvcache(q, k_pool, v_pool, cache_seqlens=lengths, page_table=page_table,
+                                          causal=causal)
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def _rotate(x, cos, sin, positions, interleaved):
+    """flash_attn's apply_rotary_emb in float64: x (batch, seqlen, heads, d), row s of batch
+    b at positions[b, s]; cos, sin (rows, rotary_dim / 2)."""
+    x = x.double()
+    rd = cos.shape[1] * 2
+    c = cos.double()[positions.long()].unsqueeze(2)  # (batch, seqlen, 1, rd / 2)
+    s = sin.double()[positions.long()].unsqueeze(2)
+    if interleaved:
+        x1, x2 = x[..., 0:rd:2], x[..., 1:rd:2]
+        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = x[..., :rd // 2], x[..., rd // 2:rd]
+        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rot, x[..., rd:]), dim=-1)
+
+
+@requires_hopper
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+def test_kvcache_append_with_rotary(paged, interleaved, causal):
+    # New keys appended (rotated) into the cache, q rotated, then attention over the longer
+    # cache: against the same steps done with torch on a contiguous copy.
+    torch.manual_seed(0)
+    batch, capacity, seqlen_new, heads_k, d, rotary_dim = 3, 512, 4, 2, 128, 64
+    q = torch.randn(batch, seqlen_new, 8, d, device="cuda", dtype=torch.bfloat16)
+    k_new, v_new = (torch.randn(batch, seqlen_new, heads_k, d, device="cuda", dtype=torch.bfloat16)
+                    for _ in range(2))
+    k_cache, v_cache = (torch.randn(batch, capacity, heads_k, d, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    angle = torch.rand(capacity, rotary_dim // 2, device="cuda") * 6.28
+    cos, sin = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+    lengths = torch.tensor([0, 100, capacity - seqlen_new], dtype=torch.int32, device="cuda")
+    positions = lengths.unsqueeze(1) + torch.arange(seqlen_new, device="cuda", dtype=torch.int32)
+    k_want, v_want = k_cache.clone(), v_cache.clone()
+    k_rot = _rotate(k_new, cos, sin, positions, interleaved).to(torch.bfloat16)
+    for b in range(batch):
+        n = int(lengths[b])
+        k_want[b, n:n + seqlen_new] = k_rot[b]
+        v_want[b, n:n + seqlen_new] = v_new[b]
+    q_pos = positions if causal else lengths.unsqueeze(1).expand(-1, seqlen_new)
+    q_want = _rotate(q, cos, sin, q_pos, interleaved).to(torch.bfloat16)
+    if paged:
+        page_size = 64
+        pages = capacity // page_size
+        page_table = torch.randperm(batch * pages, device="cuda", dtype=torch.int32).reshape(batch, pages)
+        k_pool, v_pool = (torch.empty(batch * pages, page_size, heads_k, d, device="cuda", dtype=torch.bfloat16)
+                          for _ in range(2))
+        k_pool[page_table.flatten().long()] = k_cache.reshape(batch * pages, page_size, heads_k, d)
+        v_pool[page_table.flatten().long()] = v_cache.reshape(batch * pages, page_size, heads_k, d)
+        out = fai.flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=lengths, page_table=page_table, causal=causal,
+                                          rotary_interleaved=interleaved)
+        k_got = k_pool[page_table.flatten().long()].reshape(batch, capacity, heads_k, d)
+        v_got = v_pool[page_table.flatten().long()].reshape(batch, capacity, heads_k, d)
+    else:
+        out = fai.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, rotary_cos=cos, rotary_sin=sin,
+                                          cache_seqlens=lengths, causal=causal, rotary_interleaved=interleaved)
+        k_got, v_got = k_cache, v_cache
+    torch.testing.assert_close(v_got, v_want, atol=0, rtol=0)
+    torch.testing.assert_close(k_got, k_want, atol=1e-2, rtol=1e-2)
+    want = fai.flash_attn_with_kvcache(q_want, k_want, v_want, cache_seqlens=lengths + seqlen_new,
+                                       causal=causal)
+    torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
+    q_rotated, seqlens = ops.kvcache_append(q, k_want.clone(), v_want.clone(), k_new, v_new, lengths,
+                                            None, None, cos, sin, interleaved, causal)
+    torch.testing.assert_close(q_rotated, q_want, atol=1e-2, rtol=1e-2)
+    assert seqlens.tolist() == (lengths + seqlen_new).tolist()
+
+
+# ---------------------------------------------------------------- combine
+
+def _combine_reference(out_partial, lse_partial):
+    """FlashAttention-3's attention_combine_ref in float64: lse is the logsumexp over the
+    splits, out the sum of exp(lse_i - lse) * out_i, a weight that is inf or NaN taken as 0."""
+    out_partial, lse_partial = out_partial.double(), lse_partial.double()
+    lse = torch.logsumexp(lse_partial, dim=0)
+    scale = torch.exp(lse_partial - lse)
+    scale = torch.where(torch.isinf(scale) | torch.isnan(scale), torch.zeros_like(scale), scale)
+    return (scale.unsqueeze(-1) * out_partial).sum(0), lse
+
+
+def _combine_inputs(num_splits, batch, seqlen, heads, headdim, strided):
+    """Random partials; strided as in FlashAttention-3's test (out_partial a slice of a
+    head-major tensor, lse_partial seqlen-contiguous with every other head). The back half
+    of the splits of the first third of the batches is -inf (all of them with one split),
+    and one row has no split at all."""
+    if strided:
+        out_partial = torch.randn(2 * num_splits, batch, heads, seqlen, headdim, device="cuda")
+        out_partial = out_partial.transpose(2, 3)[:num_splits]
+        lse_partial = torch.randn(num_splits, batch, 2 * heads, seqlen, device="cuda")
+        lse_partial = lse_partial.transpose(-1, -2)[:, :, :, :heads]
+    else:
+        out_partial = torch.randn(num_splits, batch, seqlen, heads, headdim, device="cuda")
+        lse_partial = torch.randn(num_splits, batch, seqlen, heads, device="cuda")
+    lse_partial[num_splits // 2:, :batch // 3] = -float("inf")
+    lse_partial[:, -1, -1, -1] = -float("inf")
+    return out_partial, lse_partial
+
+
+def _expect_combine_matches_reference(out, lse, out_partial, lse_partial, dtype):
+    """FlashAttention-3's rule, element by element: |out - ref| at most twice the rounding
+    of ref to out's dtype, plus 1e-5; lse within 1e-5 (absolute and relative)."""
+    ref, ref_lse = _combine_reference(out_partial, lse_partial)
+    assert out.dtype == dtype and out.shape == ref.shape and lse.shape == ref_lse.shape
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    error = (out.double() - ref).abs()
+    bound = 2 * (ref.to(dtype).double() - ref).abs() + 1e-5
+    assert bool((error <= bound).all()), f"max error {error.max().item()}, worst excess {(error - bound).max().item()}"
+
+
+@requires_hopper
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("headdim", [64, 96, 128, 192, 256, 512, 59])
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 17, 133])
+def test_combine_matches_float64_reference(num_splits, headdim, dtype):
+    torch.random.manual_seed(num_splits * 1000 + headdim)
+    for seqlen, strided in ((1, False), (113, True), (64, False)):
+        out_partial, lse_partial = _combine_inputs(num_splits, 5, seqlen, 4, headdim, strided)
+        out, lse = fai.flash_attn_combine(out_partial, lse_partial, out_dtype=dtype)
+        _expect_combine_matches_reference(out, lse, out_partial, lse_partial, dtype)
+        # FlashAttention-3's lse layout: (batch, heads, seqlen) transposed.
+        assert lse.stride() == (4 * seqlen, 1, seqlen)
+        # No split at all: zeros and -inf.
+        assert bool((out[-1, -1, -1] == 0).all()) and lse[-1, -1, -1].item() == -float("inf")
+
+
+@requires_hopper
+def test_combine_into_out_opcheck_and_compile():
+    out_partial, lse_partial = _combine_inputs(5, 2, 33, 3, 128, strided=True)
+    out = torch.full((2, 33, 3, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    result, lse = fai.flash_attn_combine(out_partial, lse_partial, out=out)
+    assert result is out
+    _expect_combine_matches_reference(out, lse, out_partial, lse_partial, torch.bfloat16)
+    with pytest.raises(ValueError, match="out.dtype is torch.bfloat16 but out_dtype is torch.float16"):
+        fai.flash_attn_combine(out_partial, lse_partial, out=out, out_dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"out must be \(batch, seqlen, heads, headdim\) = \(2, 33, 3, 128\)"):
+        fai.flash_attn_combine(out_partial, lse_partial, out=out[:, :32])
+    torch.library.opcheck(ops.combine.default, (out_partial, lse_partial, torch.bfloat16))
+    torch.library.opcheck(ops.combine.default, (out_partial.contiguous(), lse_partial.contiguous(), None))
+    step = lambda o, l: fai.flash_attn_combine(o, l, out_dtype=torch.float16)
+    compiled = torch.compile(step, fullgraph=True)
+    for got, expected in zip(compiled(out_partial, lse_partial), step(out_partial, lse_partial)):
+        torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+@requires_hopper
+def test_combine_edge_cases():
+    # +inf and NaN split lses (torch.logsumexp's answers, zero outputs), a head dim of 1,
+    # empty problems, and the checks the operator makes before flash3.
+    out_partial = torch.randn(3, 1, 2, 1, 1, device="cuda")
+    lse_partial = torch.tensor([[1.0, float("inf")], [2.0, 0.5], [float("nan"), 0.5]], device="cuda")
+    out, lse = fai.flash_attn_combine(out_partial, lse_partial.reshape(3, 1, 2, 1))
+    assert lse[0, 0, 0].isnan() and lse[0, 1, 0].item() == float("inf")
+    assert bool((out == 0).all())
+    out_partial = torch.randn(4, 2, 3, 5, 1, device="cuda")
+    lse_partial = torch.randn(4, 2, 3, 5, device="cuda")
+    out, lse = fai.flash_attn_combine(out_partial, lse_partial, out_dtype=torch.float16)
+    _expect_combine_matches_reference(out, lse, out_partial, lse_partial, torch.float16)
+    for shape in ((2, 0, 7, 3, 64), (2, 3, 0, 3, 64), (2, 3, 7, 0, 64)):
+        out, lse = fai.flash_attn_combine(torch.empty(shape, device="cuda"), torch.empty(shape[:4], device="cuda"))
+        assert out.shape == shape[1:] and lse.shape == shape[1:4]
+    good = torch.randn(2, 1, 4, 2, 64, device="cuda")
+    with pytest.raises(ValueError, match=r"lse_partial must be \(num_splits, batch, seqlen, heads\)"):
+        ops.combine(good, torch.randn(2, 1, 4, 3, device="cuda"))
+    with pytest.raises(ValueError, match="out_partial must be torch.float32"):
+        ops.combine(good.half(), torch.randn(2, 1, 4, 2, device="cuda"))
+    with pytest.raises(ValueError, match="out_partial_stride\\[4\\] \\(headdim\\) = 2 must be 1"):
+        ops.combine(good[..., ::2], torch.randn(2, 1, 4, 2, device="cuda"))
+    with pytest.raises(NotImplementedError, match="headdim\\) = 2048 is not supported"):
+        ops.combine(torch.randn(1, 1, 1, 1, 2048, device="cuda"), torch.randn(1, 1, 1, 1, device="cuda"))
+    with pytest.raises(ValueError, match="out_partial is on the CPU"):
+        ops.combine(good.cpu(), torch.randn(2, 1, 4, 2))

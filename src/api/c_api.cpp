@@ -24,6 +24,8 @@ flash3::Tensor to_cpp(const flash3_tensor& t) {
 
 static_assert(FLASH3_FP8_V_KEY_GROUP == flash3::kFp8VKeyGroup,
               "flash3.h and flash3.hpp disagree on the FP8 V layout's key group");
+static_assert(FLASH3_MAX_COMBINE_HEAD_DIM == flash3::kMaxCombineHeadDim,
+              "flash3.h and flash3.hpp disagree on combine's widest row");
 
 flash3::Fp8V to_cpp(const flash3_fp8_v& v) {
   flash3::Fp8V r;
@@ -79,6 +81,49 @@ flash3_status flash3_forward(const flash3_forward_args* args, cudaStream_t strea
   return finish(flash3::forward(to_cpp(args->q), to_cpp(args->k), to_cpp(args->v),
                                 to_cpp(args->out), args->softmax_lse, forward_options(*args),
                                 stream));
+}
+
+flash3_status flash3_forward_varlen(const flash3_forward_varlen_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_forward_varlen: args is null"});
+  }
+  const flash3_forward_args& f = args->forward;
+  const flash3::Varlen varlen{args->cu_seqlens_q, args->cu_seqlens_k, args->batch,
+                              args->max_seqlen_q, args->seqused_q, args->seqused_k};
+  return finish(flash3::forward_varlen(to_cpp(f.q), to_cpp(f.k), to_cpp(f.v), to_cpp(f.out),
+                                       f.softmax_lse, varlen, forward_options(f), stream));
+}
+
+flash3_status flash3_kvcache_append(const flash3_kvcache_append_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_kvcache_append: args is null"});
+  }
+  const flash3::KvCache cache{args->cache_seqlens, args->cache_batch_idx, args->page_table,
+                              args->pages_per_batch};
+  flash3::KvCacheAppend append;
+  append.k_new = to_cpp(args->k_new);
+  append.v_new = to_cpp(args->v_new);
+  append.rotary_cos = args->rotary_cos;
+  append.rotary_sin = args->rotary_sin;
+  append.rotary_rows = args->rotary_rows;
+  append.rotary_dim = args->rotary_dim;
+  append.rotary_interleaved = args->rotary_interleaved != 0;
+  append.causal = args->causal != 0;
+  append.q_rotated = to_cpp(args->q_rotated);
+  append.seqlens_out = args->seqlens_out;
+  return finish(flash3::kvcache_append(to_cpp(args->q), to_cpp(args->k_cache),
+                                       to_cpp(args->v_cache), cache, append, stream));
+}
+
+flash3_status flash3_forward_kvcache(const flash3_forward_kvcache_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_forward_kvcache: args is null"});
+  }
+  const flash3_forward_args& f = args->forward;
+  const flash3::KvCache cache{args->cache_seqlens, args->cache_batch_idx, args->page_table,
+                              args->pages_per_batch};
+  return finish(flash3::forward_kvcache(to_cpp(f.q), to_cpp(f.k), to_cpp(f.v), to_cpp(f.out),
+                                        f.softmax_lse, cache, forward_options(f), stream));
 }
 
 flash3_status flash3_forward_workspace_size(const flash3_tensor* q, size_t* bytes) {
@@ -142,6 +187,28 @@ flash3_status flash3_fp8_v_layout(const flash3_fp8_v_layout_args* args, cudaStre
     return finish({flash3::StatusCode::kInvalidArgument, "flash3_fp8_v_layout: args is null"});
   }
   return finish(flash3::fp8_v_layout(to_cpp(args->v), to_cpp(args->v_out), stream));
+}
+
+flash3_status flash3_combine(const flash3_combine_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_combine: args is null"});
+  }
+  flash3::CombineArgs a;
+  a.out_partial = args->out_partial;
+  a.lse_partial = args->lse_partial;
+  a.out = to_cpp(args->out);
+  a.lse = args->lse;
+  for (int i = 0; i < 5; ++i) {
+    a.out_partial_shape[i] = args->out_partial_shape[i];
+    a.out_partial_stride[i] = args->out_partial_stride[i];
+  }
+  for (int i = 0; i < 4; ++i) {
+    a.lse_partial_stride[i] = args->lse_partial_stride[i];
+  }
+  for (int i = 0; i < 3; ++i) {
+    a.lse_stride[i] = args->lse_stride[i];
+  }
+  return finish(flash3::combine(a, stream));
 }
 
 const char* flash3_last_error(void) { return g_last_error.c_str(); }

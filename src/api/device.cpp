@@ -121,7 +121,14 @@ Status check_pointers(const char* call, const ForwardParams& p) {
                              {"softmax_lse", p.softmax_lse},
                              {"descales.q.data", p.q_descale.data},
                              {"descales.k.data", p.k_descale.data},
-                             {"descales.v.data", p.v_descale.data}});
+                             {"descales.v.data", p.v_descale.data},
+                             {"varlen.cu_seqlens_q", p.cu_seqlens_q},
+                             {"varlen.cu_seqlens_k", p.cu_seqlens_k},
+                             {"varlen.seqused_q", p.seqused_q},
+                             {"varlen.seqused_k", p.seqused_k},
+                             {"cache.cache_seqlens", p.cache_seqlens},
+                             {"cache.cache_batch_idx", p.cache_batch_idx},
+                             {"cache.page_table", p.page_table}});
 }
 
 Status check_pointers(const char* call, const BackwardParams& p) {
@@ -141,6 +148,31 @@ Status check_pointers(const char* call, const BackwardParams& p) {
 
 Status check_pointers(const char* call, const Fp8VLayoutParams& p) {
   return check_each_pointer(call, p.device, {{"v.data", p.v}, {"v_out.data", p.v_out}});
+}
+
+Status check_pointers(const char* call, const CombineParams& p) {
+  // All null for an empty problem; lse is null when not asked for.
+  return check_each_pointer(call, p.device,
+                            {{"out_partial", p.out_partial},
+                             {"lse_partial", p.lse_partial},
+                             {"out.data", p.out},
+                             {"lse", p.lse}});
+}
+
+Status check_pointers(const char* call, const KvAppendParams& p) {
+  return check_each_pointer(call, p.device,
+                            {{"q.data", p.q},
+                             {"append.q_rotated.data", p.q_rotated},
+                             {"append.k_new.data", p.k_new},
+                             {"append.v_new.data", p.v_new},
+                             {"k_cache.data", p.k_cache},
+                             {"v_cache.data", p.v_cache},
+                             {"cache.cache_seqlens", p.cache_seqlens},
+                             {"cache.cache_batch_idx", p.cache_batch_idx},
+                             {"cache.page_table", p.page_table},
+                             {"append.seqlens_out", p.seqlens_out},
+                             {"append.rotary_cos", p.rotary_cos},
+                             {"append.rotary_sin", p.rotary_sin}});
 }
 
 Status check_pointers(const char* call, const QuantizeParams& p) {

@@ -16,5 +16,7 @@ Status check_pointers(const char* call, const ForwardParams& params);
 Status check_pointers(const char* call, const BackwardParams& params);
 Status check_pointers(const char* call, const QuantizeParams& params);
 Status check_pointers(const char* call, const Fp8VLayoutParams& params);
+Status check_pointers(const char* call, const CombineParams& params);
+Status check_pointers(const char* call, const KvAppendParams& params);
 
 }  // namespace flash3::detail

@@ -117,4 +117,15 @@ Status dispatch(const Fp8VLayoutParams& p, cudaStream_t stream) {
   return launch_fp8_v_layout_sm90(p, stream);
 }
 
+Status dispatch(const KvAppendParams& p, cudaStream_t stream) {
+  return launch_kv_append_sm90(p, stream);
+}
+
+Status dispatch(const CombineParams& p, cudaStream_t stream) {
+  if (p.rows == 0) {
+    return Status{};  // an empty problem: nothing to launch
+  }
+  return launch_combine_sm90(p, stream);
+}
+
 }  // namespace flash3::detail

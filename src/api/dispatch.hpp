@@ -14,5 +14,7 @@ Status dispatch(const ForwardParams& params, cudaStream_t stream);
 Status dispatch(const BackwardParams& params, cudaStream_t stream);
 Status dispatch(const QuantizeParams& params, cudaStream_t stream);
 Status dispatch(const Fp8VLayoutParams& params, cudaStream_t stream);
+Status dispatch(const CombineParams& params, cudaStream_t stream);
+Status dispatch(const KvAppendParams& params, cudaStream_t stream);
 
 }  // namespace flash3::detail

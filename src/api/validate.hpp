@@ -17,6 +17,24 @@ Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         float* softmax_lse, const ForwardOptions& options,
                         ForwardParams* params);
 
+// Checks forward_varlen's arguments: those of validate_forward (as batch 1)
+// and the varlen description; on success fills `params`.
+Status validate_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, float* softmax_lse, const Varlen& varlen,
+                               const ForwardOptions& options, ForwardParams* params);
+
+// Checks forward_kvcache's arguments: those of validate_forward (k and v
+// with their own batch when cache_batch_idx is given) and the cache's
+// description; on success fills `params`.
+Status validate_forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const Tensor& out, float* softmax_lse, const KvCache& cache,
+                                const ForwardOptions& options, ForwardParams* params);
+
+// Checks kvcache_append's arguments; on success fills `params`.
+Status validate_kvcache_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const KvCache& cache, const KvCacheAppend& append,
+                               KvAppendParams* params);
+
 // Checks q and bytes as forward_workspace_size() takes them; on success
 // sets *bytes to the size of a forward workspace for q's head dim on any
 // Hopper GPU. On error *bytes is left as it was.
@@ -49,6 +67,11 @@ Status validate_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, con
 
 // Checks fp8_v_layout's arguments; on success fills `params` (but the device).
 Status validate_fp8_v_layout(const Tensor& v, const Fp8V& v_out, Fp8VLayoutParams* params);
+
+// Checks combine's arguments; on success fills `params` (but the device
+// fields). An empty problem (batch, seqlen or heads 0) passes with rows 0 and
+// null pointers: nothing to launch, nothing to check on the device.
+Status validate_combine(const CombineArgs& args, CombineParams* params);
 
 const char* dtype_name(DType dtype);
 

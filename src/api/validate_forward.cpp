@@ -1,4 +1,10 @@
 // The argument checks of flash3::forward.
+#include <algorithm>
+#include <climits>
+#include <iterator>
+#include <utility>
+
+#include "sm90/fwd/kv_cache.hpp"
 #include "sm90/fwd/tail_split.hpp"
 #include "validate_common.hpp"
 
@@ -19,8 +25,11 @@ Status forward_dtype(const char* name, DType dtype) {
   return Status{};
 }
 
+// kv_own_batch: k and v may have a batch count of their own (a KV cache
+// indexed by cache_batch_idx), the same for both.
 Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                     float* softmax_lse, const ForwardOptions& options, ForwardParams* params) {
+                     float* softmax_lse, const ForwardOptions& options, ForwardParams* params,
+                     bool kv_own_batch = false) {
   const struct {
     const char* name;
     const Tensor& t;
@@ -40,9 +49,17 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     }
   }
   for (const auto& [name, t] : tensors) {
-    if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
+    if (kv_own_batch && (&t == &k || &t == &v)) {
+      if (t.shape[3] != q.shape[3]) {
+        return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ",
+                       q.shape[3]);
+      }
+    } else if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
       return s;
     }
+  }
+  if (v.shape[0] != k.shape[0]) {
+    return invalid("v.shape[0] (batch) = ", v.shape[0], " differs from k's ", k.shape[0]);
   }
   if (v.shape[1] != k.shape[1]) {
     return invalid("v.shape[1] (seqlen) = ", v.shape[1], " differs from k's ", k.shape[1]);
@@ -104,6 +121,153 @@ Status validate_forward_workspace_size(const Tensor& q, size_t* bytes) {
     return Status{};
   };
   return with_call(kForwardWorkspaceCall, check());
+}
+
+namespace {
+
+// A device array of int32 a kernel reads while it writes out, softmax_lse
+// and the workspace (varlen offsets, cache lengths): 4-byte aligned and
+// apart from all three, since a store into it mid-kernel could make the
+// producer and the consumers see different work (a hang). Null is refused
+// where `required`.
+struct IndexArray {
+  const char* name;
+  const int* data;
+  int64_t count;
+  bool required;
+};
+
+Status check_index_arrays(std::initializer_list<IndexArray> arrays, const Tensor& q,
+                          const Tensor& out, const float* softmax_lse,
+                          const ForwardOptions& options) {
+  const Span written[] = {
+      span_of(out), lse_span(q, softmax_lse),
+      options.workspace == nullptr
+          ? Span{}
+          : Span{reinterpret_cast<uintptr_t>(options.workspace),
+                 reinterpret_cast<uintptr_t>(options.workspace) + options.workspace_bytes}};
+  const char* written_names[] = {"out", "softmax_lse", "options.workspace"};
+  for (const IndexArray& a : arrays) {
+    if (a.data == nullptr) {
+      if (a.required) {
+        return invalid(a.name, " is null");
+      }
+      continue;
+    }
+    if (reinterpret_cast<uintptr_t>(a.data) % alignof(int) != 0) {
+      return invalid(a.name, " is not 4-byte aligned");
+    }
+    const uint64_t lo = reinterpret_cast<uintptr_t>(a.data);
+    const Span span{lo, lo + static_cast<uint64_t>(a.count) * sizeof(int)};
+    for (size_t i = 0; i < std::size(written); ++i) {
+      if (intersect(span, written[i])) {
+        return invalid(a.name, " overlaps ", written_names[i],
+                       "; the call writes there while its kernels read it");
+      }
+    }
+  }
+  return Status{};
+}
+
+}  // namespace
+
+Status validate_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Tensor& out, float* softmax_lse, const Varlen& varlen,
+                               const ForwardOptions& options, ForwardParams* params) {
+  const auto check = [&]() -> Status {
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"q", q},
+                                  {"k", k}, {"v", v}, {"out", out}}) {
+      if (t.shape[0] != 1) {
+        return invalid(name, ".shape[0] = ", t.shape[0],
+                       ": a varlen batch is packed, (1, total, heads, headdim)");
+      }
+    }
+    if (Status s = check_forward(q, k, v, out, softmax_lse, options, params); !s.ok()) {
+      return s;
+    }
+    if (varlen.batch < 1) {
+      return invalid("varlen.batch = ", varlen.batch, " must be at least 1");
+    }
+    const int64_t batch = varlen.batch;
+    if (Status s = check_index_arrays({{"varlen.cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, true},
+                                       {"varlen.cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, true},
+                                       {"varlen.seqused_q", varlen.seqused_q, batch, false},
+                                       {"varlen.seqused_k", varlen.seqused_k, batch, false}},
+                                      q, out, softmax_lse, options);
+        !s.ok()) {
+      return s;
+    }
+    if (varlen.max_seqlen_q < 1) {
+      return invalid("varlen.max_seqlen_q = ", varlen.max_seqlen_q, " must be at least 1");
+    }
+    params->cu_seqlens_q = varlen.cu_seqlens_q;
+    params->cu_seqlens_k = varlen.cu_seqlens_k;
+    params->seqused_q = varlen.seqused_q;
+    params->seqused_k = varlen.seqused_k;
+    params->varlen_batch = varlen.batch;
+    // An upper bound that only picks the kernel: no sequence is longer than total_q.
+    params->max_seqlen_q = static_cast<int>(std::min<int64_t>(varlen.max_seqlen_q, q.shape[1]));
+    return Status{};
+  };
+  return with_call(kForwardVarlenCall, check());
+}
+
+Status validate_forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                const Tensor& out, float* softmax_lse, const KvCache& cache,
+                                const ForwardOptions& options, ForwardParams* params) {
+  const auto check = [&]() -> Status {
+    const bool paged = cache.page_table != nullptr;
+    if (Status s = check_forward(q, k_cache, v_cache, out, softmax_lse, options, params,
+                                 paged || cache.cache_batch_idx != nullptr);
+        !s.ok()) {
+      return s;
+    }
+    const int64_t batch = q.shape[0];
+    if (paged) {
+      if (cache.cache_batch_idx != nullptr) {
+        return invalid("cache.cache_batch_idx is given with cache.page_table: a paged cache "
+                       "names each batch's pages in its page_table row instead");
+      }
+      const int64_t page_size = k_cache.shape[1];
+      if (page_size % sm90::fwd::kPageBoxRows != 0) {
+        return unsupported("k_cache.shape[1] (page size) = ", page_size,
+                           ": paged caches take page sizes that are multiples of ",
+                           sm90::fwd::kPageBoxRows);
+      }
+      if (cache.pages_per_batch < 1) {
+        return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                       " must be at least 1 with a page_table");
+      }
+      if (page_size * cache.pages_per_batch > INT_MAX ||
+          batch * cache.pages_per_batch > INT_MAX) {
+        return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                       ": the capacity (pages_per_batch x page size) and the page table's "
+                       "entries (batch x pages_per_batch) must be below 2^31");
+      }
+    } else if (cache.pages_per_batch != 0) {
+      return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                     " without a cache.page_table");
+    }
+    if (Status s = check_index_arrays(
+            {{"cache.cache_seqlens", cache.cache_seqlens, batch, true},
+             {"cache.cache_batch_idx", cache.cache_batch_idx, batch, false},
+             {"cache.page_table", cache.page_table, batch * cache.pages_per_batch, false}},
+            q, out, softmax_lse, options);
+        !s.ok()) {
+      return s;
+    }
+    params->cache_seqlens = cache.cache_seqlens;
+    params->cache_batch_idx = cache.cache_batch_idx;
+    params->kv_batch = static_cast<int>(k_cache.shape[0]);
+    if (paged) {
+      params->page_table = cache.page_table;
+      params->pages_per_batch = cache.pages_per_batch;
+      params->page_size = static_cast<int>(k_cache.shape[1]);
+      params->seqlen_k = params->page_size * cache.pages_per_batch;  // slots per batch
+    }
+    return Status{};
+  };
+  return with_call(kForwardKvCacheCall, check());
 }
 
 Status validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

@@ -29,6 +29,14 @@ Status launch_forward_fp8_sm90(const ForwardParams& params, cudaStream_t stream)
 // src/sm90/fp8/v_layout.cu.
 Status launch_fp8_v_layout_sm90(const Fp8VLayoutParams& params, cudaStream_t stream);
 
+// src/sm90/fwd/combine.cu: every output dtype and row width, whatever
+// FLASH3_KERNELS says (the kernels are small).
+Status launch_combine_sm90(const CombineParams& params, cudaStream_t stream);
+
+// src/sm90/fwd/kv_append.cu: new keys and values into a KV cache, rotary
+// embedding on them and on q; every 16-bit dtype and head dim.
+Status launch_kv_append_sm90(const KvAppendParams& params, cudaStream_t stream);
+
 // Backward: one explicit instantiation per (dtype, head dim), generated like
 // the forward's (FLASH3_KERNELS names them bwd_bf16_128, ...); the pre- and
 // post-passes come with it.

@@ -17,6 +17,10 @@ inline constexpr char kFp8VLayoutCall[] = "flash3::fp8_v_layout";
 inline constexpr char kBackwardCall[] = "flash3::backward";
 inline constexpr char kBackwardWorkspaceCall[] = "flash3::backward_workspace_size";
 inline constexpr char kForwardWorkspaceCall[] = "flash3::forward_workspace_size";
+inline constexpr char kForwardVarlenCall[] = "flash3::forward_varlen";
+inline constexpr char kForwardKvCacheCall[] = "flash3::forward_kvcache";
+inline constexpr char kKvAppendCall[] = "flash3::kvcache_append";
+inline constexpr char kCombineCall[] = "flash3::combine";
 
 #if defined(__CUDACC__)
 #define FLASH3_HOST_DEVICE __host__ __device__
@@ -111,8 +115,33 @@ struct ForwardParams : DeviceFields, AttentionProblem {
   DescaleParams q_descale, k_descale, v_descale;
   // The tail split's workspace (fwd/tail_split.hpp: PartialWorkspace), at
   // least PartialWorkspace::bound bytes; null: the per-stream buffer.
+  // Varlen uses it for its sequences' query-block prefix sums.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Varlen (varlen_batch > 0): q, k, v and out packed as batch 1 (seqlen_q,
+  // seqlen_k: the total rows), sequence b's rows from cu_seqlens_q/k[b] to
+  // [b + 1] (device, varlen_batch + 1 each), the longest query sequence at
+  // most max_seqlen_q rows; lse (heads_q, total_q).
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_q = nullptr;  // or null: sequence b uses its first seqused_q[b] rows
+  const int* seqused_k = nullptr;
+  int varlen_batch = 0;
+  int max_seqlen_q = 0;
+  // KV cache (cache_seqlens non-null): k and v (kv_batch, seqlen_k, heads_k,
+  // headdim) hold seqlen_k slots per batch, of which batch b uses the first
+  // cache_seqlens[b] (device, batch entries), in K/V batch cache_batch_idx[b]
+  // (device, or null: b).
+  const int* cache_seqlens = nullptr;
+  const int* cache_batch_idx = nullptr;
+  int kv_batch = 0;
+  // A paged KV cache (page_table non-null, fwd/kv_cache.hpp): k and v are
+  // kv_batch pages of page_size rows, seqlen_k = pages_per_batch x
+  // page_size slots per batch, batch b's pages listed in row b of
+  // page_table (device, batch x pages_per_batch).
+  const int* page_table = nullptr;
+  int pages_per_batch = 0;
+  int page_size = 0;
 };
 
 struct BackwardParams : DeviceFields, AttentionProblem {
@@ -162,6 +191,60 @@ struct Fp8VLayoutParams : DeviceFields {
   int heads = 0;
   int headdim = 0;
   Strides3 v_stride;
+};
+
+// combine: the merge of split-KV partial results (fwd/combine.cu). Element
+// strides of the split index and of a row (batch, seqlen, head); sizes of 1
+// carry stride 0, so the kernel never multiplies an arbitrary one.
+struct SplitStrides {
+  int64_t split = 0;
+  Strides3 row;
+};
+
+struct CombineParams : DeviceFields {
+  // All null for an empty problem (rows == 0): nothing is read or written.
+  const float* out_partial = nullptr;  // (num_splits, batch, seqlen, heads, headdim)
+  const float* lse_partial = nullptr;  // (num_splits, batch, seqlen, heads)
+  void* out = nullptr;                 // (batch, seqlen, heads, headdim), out_dtype
+  float* lse = nullptr;                // (batch, seqlen, heads), or null
+
+  DType out_dtype = DType::kFloat32;  // float32, float16 or bfloat16
+  int num_splits = 0;
+  int batch = 0;
+  int seqlen = 0;
+  int heads = 0;
+  int headdim = 0;
+  int rows = 0;  // batch * seqlen * heads: one output row each
+  SplitStrides out_partial_stride, lse_partial_stride;
+  Strides3 out_stride, lse_stride;
+};
+
+// kvcache_append: new keys and values written into a KV cache (rotated),
+// and q rotated to its positions (fwd/kv_append.cu).
+struct KvAppendParams : DeviceFields {
+  const void* q = nullptr;          // (batch, seqlen_q, heads_q, headdim)
+  void* q_rotated = nullptr;        // like q, or null without rotary
+  const void* k_new = nullptr;      // (batch, seqlen_new, heads_k, headdim)
+  const void* v_new = nullptr;
+  void* k_cache = nullptr;          // (kv_batch, rows, heads_k, headdim): contiguous or pages
+  void* v_cache = nullptr;
+  const int* cache_seqlens = nullptr;  // batch, device
+  const int* cache_batch_idx = nullptr;
+  const int* page_table = nullptr;     // (batch, pages_per_batch), or null
+  int* seqlens_out = nullptr;          // batch: min(cache_seqlens + seqlen_new, capacity)
+  const void* rotary_cos = nullptr;    // (rotary_rows, rotary_dim / 2), q's dtype, or null
+  const void* rotary_sin = nullptr;
+
+  DType dtype = DType::kBFloat16;
+  int batch = 0, seqlen_q = 0, seqlen_new = 0, heads_q = 0, heads_k = 0, headdim = 0;
+  int kv_batch = 0;         // cache batches, or pages
+  int kv_rows = 0;          // rows per cache batch, or the page size
+  int capacity = 0;         // key slots per batch
+  int pages_per_batch = 0;  // paged only
+  int rotary_dim = 0, rotary_rows = 0;
+  bool rotary_interleaved = false;
+  bool causal = false;  // q row i at position cache_seqlens[b] + i (else all at cache_seqlens[b])
+  Strides3 q_stride, q_rotated_stride, k_new_stride, v_new_stride, k_cache_stride, v_cache_stride;
 };
 
 }  // namespace flash3::detail

@@ -17,7 +17,7 @@ namespace flash3::detail {
 // being captured into a CUDA graph (a graph, replayed on any stream, must
 // not hold memory that this cache hands to eager calls) or if the allocation
 // fails: the caller then runs without one.
-enum class WorkspaceUse { kForwardTailSplit, kBackward };
+enum class WorkspaceUse { kForwardTailSplit, kBackward, kVarlenPrefix };
 void* stream_workspace(int device, cudaStream_t stream, size_t bytes, size_t flag_bytes,
                        WorkspaceUse use = WorkspaceUse::kForwardTailSplit);
 

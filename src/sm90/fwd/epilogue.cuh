@@ -52,7 +52,8 @@ struct Epilogue {
   // pipe, step: the consumer's ring position after the work and the CTA's
   // step count (kInVStages).
   template <class Softmax>
-  __device__ static void store(SharedStorage<T>& smem, const KernelArgs& args, const Work& work,
+  __device__ static void store(SharedStorage<T>& smem, const KernelArgs& args,
+                               const WorkOf<T>& work,
                                int warpgroup, const PipelineState<T::kStages>& pipe, int step,
                                float (&o)[T::kOAccRegs], const Softmax& softmax, float o_units) {
     const Tile& tile = work.tile;
@@ -76,18 +77,26 @@ struct Epilogue {
     const FragmentCoord c = FragmentCoord::current();
     const int tile_row0 = warpgroup * kMmaM + c.warp * 16 + c.row;  // row in the CTA tile
     if constexpr (T::kOStore == OStore::kDirect) {
-      store_direct(args, tile, tile_row0, c.col, o, inv_sum);
+      store_direct(args, work, tile_row0, c.col, o, inv_sum);
     } else {
       store_staged(smem, args, tile, warpgroup, pipe, step, tile_row0, o, inv_sum);
     }
 
     if (args.lse != nullptr && c.col == 0) {
-      const int64_t row_base =
-          (static_cast<int64_t>(tile.batch) * args.heads_q + tile.head) * args.seqlen_q;
+      // (batch, heads_q, seqlen_q), or varlen (heads_q, total_q).
+      int64_t row_base;
+      int seqlen_q;
+      if constexpr (T::kVarlen) {
+        row_base = static_cast<int64_t>(tile.head) * args.varlen.total_q + work.q.begin;
+        seqlen_q = work.q.length;
+      } else {
+        row_base = (static_cast<int64_t>(tile.batch) * args.heads_q + tile.head) * args.seqlen_q;
+        seqlen_q = args.seqlen_q;
+      }
 #pragma unroll
       for (int r = 0; r < Softmax::kRows; ++r) {
         const int row = tile.m_block * kBlockM + tile_row0 + 8 * r;
-        if (row < args.seqlen_q) {
+        if (row < seqlen_q) {
           args.lse[row_base + row] = lse[r];
         }
       }
@@ -219,18 +228,46 @@ struct Epilogue {
 
   // Each thread's (row, 2 columns) pairs straight to global memory; a quad
   // writes 16 contiguous bytes per row and column group.
-  __device__ static void store_direct(const KernelArgs& args, const Tile& tile, int tile_row0,
-                                      int col, const float (&o)[T::kOAccRegs],
+  // Rows past the sequence's end are not stored (varlen: they are the next
+  // sequence's).
+  __device__ static void store_direct(const KernelArgs& args, const WorkOf<T>& work,
+                                      int tile_row0, int col, const float (&o)[T::kOAccRegs],
                                       const float (&inv_sum)[2]) {
-    OutElement* out = static_cast<OutElement*>(args.out) + tile.batch * args.out_batch_stride +
-                      tile.head * args.out_head_stride + col;
+    const Tile& tile = work.tile;
+    if constexpr (T::kVarlen) {
+      store_rows(args.out, work.q.begin * args.out_seq_stride + tile.head * args.out_head_stride,
+                 args.out_seq_stride, work.q.length, tile, tile_row0, col, o, inv_sum);
+    } else {
+      // (Its own expression: computed through store_rows, the batch's offset
+      // moved ptxas's allocation of the kernels that store directly.)
+      OutElement* out = static_cast<OutElement*>(args.out) + tile.batch * args.out_batch_stride +
+                        tile.head * args.out_head_stride + col;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int row = tile.m_block * kBlockM + tile_row0 + 8 * r;
+        if (row >= args.seqlen_q) {
+          continue;
+        }
+        OutElement* out_row = out + row * args.out_seq_stride;
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j) {
+          *reinterpret_cast<uint32_t*>(out_row + 8 * j) = pack2<OutElement>(
+              o[4 * j + 2 * r] * inv_sum[r], o[4 * j + 2 * r + 1] * inv_sum[r]);
+        }
+      }
+    }
+  }
+  __device__ static void store_rows(void* out_data, int64_t base, int64_t seq_stride, int seqlen,
+                                    const Tile& tile, int tile_row0, int col,
+                                    const float (&o)[T::kOAccRegs], const float (&inv_sum)[2]) {
+    OutElement* out = static_cast<OutElement*>(out_data) + base + col;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = tile.m_block * kBlockM + tile_row0 + 8 * r;
-      if (row >= args.seqlen_q) {
+      if (row >= seqlen) {
         continue;
       }
-      OutElement* out_row = out + row * args.out_seq_stride;
+      OutElement* out_row = out + row * seq_stride;
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j) {
         *reinterpret_cast<uint32_t*>(out_row + 8 * j) =

@@ -54,6 +54,31 @@ __device__ TailSchedule tail_schedule(const KernelArgs& args, const Mask& mask) 
   }
 }
 
+// Varlen and KV-cache kernels schedule with the tile scheduler plus their
+// sequences (VarlenTileScheduler, KvCacheTileScheduler); the others with the
+// TileScheduler itself, as constructed (a copy of it moved ptxas's
+// allocation of those kernels).
+struct DenseSequences {};
+template <class T>
+__device__ auto sequences_scheduler(const TileScheduler& tiles, const KernelArgs& args) {
+  if constexpr (T::kVarlen) {
+    return VarlenTileScheduler{tiles, args.varlen};
+  } else if constexpr (T::kKvCache) {
+    return KvCacheTileScheduler{tiles, args.cache};
+  } else {
+    return DenseSequences{};
+  }
+}
+template <class T, class Sequences>
+__device__ const SchedulerOf<T>& scheduler_of(const TileScheduler& tiles,
+                                              const Sequences& sequences) {
+  if constexpr (T::kVarlen || T::kKvCache) {
+    return sequences;
+  } else {
+    return tiles;
+  }
+}
+
 template <class T, bool kCausal>
 __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_constant__ KernelArgs args) {
   SharedStorage<T>& smem = shared_storage<T>();
@@ -78,9 +103,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   }
 
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
-  const TileScheduler scheduler{args.num_m_blocks, args.heads_q, args.by_m_blocks,
-                                args.by_heads_q, args.num_tiles,
-                                tail_schedule<T, kCausal>(args, mask)};
+  const TileScheduler tiles{args.num_m_blocks, args.heads_q, args.by_m_blocks, args.by_heads_q,
+                            args.num_tiles, tail_schedule<T, kCausal>(args, mask)};
+  const auto sequences = sequences_scheduler<T>(tiles, args);
+  const SchedulerOf<T>& scheduler = scheduler_of<T>(tiles, sequences);
   Mainloop<T, kCausal> mainloop{smem, args, scheduler, mask};
   typename Mainloop<T, kCausal>::Pipeline pipe;
 
@@ -97,9 +123,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     }
     const int consumer = warpgroup - T::kProducerWarpgroups;
     mainloop.start_turns(consumer);
-    Work work;
-    for (auto at = scheduler.begin<kCausal>();
-         scheduler.work<kCausal, T::kTailSplit>(at, mask, work); scheduler.advance<kCausal>(at)) {
+    WorkOf<T> work;
+    for (auto at = scheduler.template begin<kCausal>();
+         scheduler.template work<kCausal, T::kTailSplit>(at, mask, work); scheduler.template advance<kCausal>(at)) {
       float o[T::kOAccRegs];
 #pragma unroll
       for (int r = 0; r < T::kOAccRegs; ++r) {

@@ -4,6 +4,8 @@
 #include <cuda.h>
 
 #include "sm90/problem.hpp"
+#include "kv_cache.hpp"
+#include "varlen.hpp"
 #include "tail_split.hpp"
 #include "sm90/common/sync.cuh"
 #include "sm90/common/wgmma.cuh"
@@ -43,6 +45,12 @@ struct KernelArgs {
   // FP8 only: one scale per block of rows of one (batch, head), at
   // data[(batch * heads + head) * blocks_per_head + row / block_rows].
   flash3::detail::DescaleParams q_descale, k_descale, v_descale;
+  // Varlen (Traits::kVarlen; varlen.hpp): q, k, v and out packed as
+  // (1, total, heads, headdim), seqlen_q / seqlen_k the longest sequences',
+  // lse (heads_q, total_q); the pre-pass's prefix sums of query blocks.
+  VarlenSequences varlen;
+  // KV cache (Traits::kKvCache; kv_cache.hpp): each batch's keys.
+  KvCacheSequences cache;
 };
 
 // Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a

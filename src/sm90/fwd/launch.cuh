@@ -11,11 +11,28 @@
 #include "sm90/launch.hpp"
 #include "sm90/common/stream_workspace.hpp"
 #include "kernel.cuh"
+#include "decode.hpp"
 #include "grid.hpp"
 #include "sm90/common/launch.hpp"
 #include "sm90/common/tensor_map.hpp"
 
 namespace flash3::detail {
+
+// K and V's batches: a KV cache's own (KvCacheSequences; a paged cache's
+// pages), else q's.
+inline int kv_batch(const ForwardParams& p) {
+  return p.cache_seqlens != nullptr ? p.kv_batch : p.batch;
+}
+// K and V's rows per batch in their tensor maps: a paged cache's page size,
+// else seqlen_k.
+inline int kv_rows(const ForwardParams& p) {
+  return p.page_table != nullptr ? p.page_size : p.seqlen_k;
+}
+// K's and V's box rows: a paged cache loads a key block a box per
+// kPageBoxRows rows (each within one page).
+inline int kv_box_rows(const ForwardParams& p, int rows) {
+  return p.page_table != nullptr ? sm90::fwd::kPageBoxRows : rows;
+}
 
 // The tensor map of V: rows of the head dim as given (16-bit), or for fp8
 // the Fp8V layout, whose rows are the head dim and columns the (padded) keys.
@@ -27,8 +44,134 @@ TensorMapShape v_map_shape(const ForwardParams& p) {
                           static_cast<int64_t>(p.headdim) * pad};
     return {p.v, p.dtype, p.batch, p.headdim, p.heads_k, pad, stride};
   } else {
-    return {p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_stride};
+    return {p.v, p.dtype, kv_batch(p), kv_rows(p), p.heads_k, p.headdim, p.v_stride};
   }
+}
+
+// Varlen's pre-pass (one CTA): prefix sums of each sequence's query blocks,
+// saturated (varlen.hpp: block_prefix), in chunks of kVarlenPrefixThreads
+// sequences, each chunk scanned by warp shuffles (64-bit: overlapping
+// sequences of malformed offsets may sum past 2^31) and carried into the
+// next.
+inline constexpr int kVarlenPrefixThreads = 1024;
+template <int kBlockM>
+__global__ void __launch_bounds__(kVarlenPrefixThreads)
+    varlen_prefix_kernel(const int* cu_seqlens_q, const int* seqused_q, int batch, int total_q,
+                         int* prefix) {
+  __shared__ long long warp_sums[kVarlenPrefixThreads / 32];
+  __shared__ long long carry;
+  const long long cap = sm90::fwd::max_query_blocks(total_q, batch, kBlockM);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    carry = 0;
+  }
+  __syncthreads();
+  for (int base = 0; base < batch; base += kVarlenPrefixThreads) {
+    const int b = base + static_cast<int>(threadIdx.x);
+    const long long blocks =
+        b < batch
+            ? (sm90::fwd::seq_range(cu_seqlens_q, seqused_q, b, total_q).length + kBlockM - 1) /
+                  kBlockM
+            : 0;
+    long long sum = blocks;  // inclusive scan within the warp
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const long long other = __shfl_up_sync(0xffffffffu, sum, d);
+      sum += lane >= d ? other : 0;
+    }
+    if (lane == 31) {
+      warp_sums[warp] = sum;
+    }
+    __syncthreads();
+    long long before = carry;
+    for (int w = 0; w < warp; ++w) {
+      before += warp_sums[w];
+    }
+    if (b < batch) {
+      prefix[b] = static_cast<int>(min(before + sum - blocks, cap));  // exclusive
+    }
+    __syncthreads();
+    if (threadIdx.x == kVarlenPrefixThreads - 1) {
+      carry = before + sum;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    prefix[batch] = static_cast<int>(min(carry, cap));
+  }
+}
+
+// Varlen: the prefix sums' place (the caller's workspace past the tail
+// split's flags, which varlen launches leave alone, else a buffer of the
+// stream's own).
+inline Status varlen_prefix_buffer(const ForwardParams& p, cudaStream_t stream, int** prefix) {
+  const size_t bytes = (static_cast<size_t>(p.varlen_batch) + 1) * sizeof(int);
+  if (p.workspace != nullptr) {
+    const size_t offset = sm90::fwd::PartialWorkspace::flag_bytes(p.num_sms);
+    if (offset + bytes > p.workspace_bytes) {
+      return {StatusCode::kInvalidArgument,
+              std::string(kForwardVarlenCall) + ": options.workspace_bytes = " +
+                  std::to_string(p.workspace_bytes) + " holds no prefix sums for " +
+                  std::to_string(p.varlen_batch) + " sequences"};
+    }
+    *prefix = reinterpret_cast<int*>(static_cast<uint8_t*>(p.workspace) + offset);
+  } else {
+    *prefix = static_cast<int*>(
+        stream_workspace(p.device, stream, bytes, 0, WorkspaceUse::kVarlenPrefix));
+    if (*prefix == nullptr) {
+      return {StatusCode::kInvalidArgument,
+              std::string(kForwardVarlenCall) +
+                  ": a varlen forward needs options.workspace while the stream is captured "
+                  "into a CUDA graph (or the per-stream buffer could not be allocated)"};
+    }
+  }
+  return {};
+}
+
+// A varlen launch (the maps and the rest of args set by launch_variant):
+// the pre-pass, then a persistent grid of at most one CTA per SM over the
+// dense tile space, whose size only the pre-pass knows: at most
+// heads_q x max_query_blocks tiles, so at most that many CTAs. Every
+// refusal comes before the pre-pass writes anything.
+template <class T, bool kCausal, int kSmemBytes>
+Status launch_varlen(const ForwardParams& p, cudaStream_t stream, sm90::fwd::KernelArgs& args) {
+  const long long most_tiles =
+      static_cast<long long>(p.heads_q) *
+      sm90::fwd::max_query_blocks(p.seqlen_q, p.varlen_batch, T::kBlockM);
+  if (most_tiles > INT_MAX) {
+    return {StatusCode::kInvalidArgument,
+            std::string(kForwardVarlenCall) + ": heads_q * (total_q / " +
+                std::to_string(T::kBlockM) + " + batch) = " + std::to_string(most_tiles) +
+                " tiles exceeds 2^31-1"};
+  }
+  constexpr auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
+  const KernelSetup setup = setup_kernel<kernel, 1>(T::kThreads, kSmemBytes, p.device);
+  cudaError_t err = setup.err;
+  int* prefix = nullptr;
+  if (err == cudaSuccess) {
+    if (Status s = varlen_prefix_buffer(p, stream, &prefix); !s.ok()) {
+      return s;
+    }
+    varlen_prefix_kernel<T::kBlockM><<<1, kVarlenPrefixThreads, 0, stream>>>(
+        p.cu_seqlens_q, p.seqused_q, p.varlen_batch, p.seqlen_q, prefix);
+    err = cudaGetLastError();
+  }
+  args.varlen = {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k, prefix,
+                 p.varlen_batch, p.seqlen_q, p.seqlen_k};
+  args.seqlen_q = p.max_seqlen_q;  // the kernel-wide values: unused by varlen tiles
+  args.num_m_blocks = 1;
+  args.by_m_blocks = detail::FastDivisor::of(1);
+  const unsigned ctas =
+      static_cast<unsigned>(std::max(1LL, std::min<long long>(p.num_sms, most_tiles)));
+  if (err == cudaSuccess) {
+    kernel<<<ctas, T::kThreads, kSmemBytes, stream>>>(args);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess) {
+    return {StatusCode::kCudaError, std::string(kForwardVarlenCall) + ": launch failed: " +
+                                        cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+  }
+  return {};
 }
 
 // One kernel variant: tensor maps, grid, launch.
@@ -39,14 +182,15 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
 
   sm90::fwd::KernelArgs args{};
   const TensorMapShape q{p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_stride};
-  const TensorMapShape k{p.k, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_stride};
+  const TensorMapShape k{p.k, p.dtype, kv_batch(p), kv_rows(p), p.heads_k, p.headdim,
+                         p.k_stride};
   const TensorMapShape v = v_map_shape<T>(p);
   const TensorMapShape o{p.out, p.out_dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim,
                          p.out_stride};
   constexpr int kCols = T::kSwizzleCols;
   for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
-                   make_tensor_map(k, kCols, T::kKLoadRows, &args.k),
-                   make_tensor_map(v, kCols, T::kVLoadRows, &args.v),
+                   make_tensor_map(k, kCols, kv_box_rows(p, T::kKLoadRows), &args.k),
+                   make_tensor_map(v, kCols, kv_box_rows(p, T::kVLoadRows), &args.v),
                    make_tensor_map(o, sm90::kSwizzleCols16, sm90::kMmaM, &args.o)}) {
     if (!s.ok()) {
       return s;
@@ -69,6 +213,15 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.q_descale = p.q_descale;
   args.k_descale = p.k_descale;
   args.v_descale = p.v_descale;
+  if constexpr (T::kVarlen) {
+    return launch_varlen<T, kCausal, kSmemBytes>(p, stream, args);
+  }
+  if constexpr (T::kKvCache) {
+    static_assert(T::kBlockN % sm90::fwd::kPageBoxRows == 0, "key blocks of whole boxes");
+    args.cache = {p.cache_seqlens, p.cache_batch_idx, p.kv_batch,       p.seqlen_k,
+                  p.page_table,    p.pages_per_batch, p.page_size,
+                  detail::FastDivisor::of(std::max(p.page_size, 1))};
+  }
 
   const long long tiles = static_cast<long long>(args.num_m_blocks) * p.heads_q * p.batch;
   if (tiles > INT_MAX) {
@@ -130,26 +283,59 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   return {};
 }
 
-// The kernel of one causality: its short-sequence variant (traits.cuh) up
-// to kShortMaxSeqlen, where the head dim has one.
-template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType>
+// The kernel of one causality: KV-cache launches their one variant;
+// decode-shaped non-causal launches (decode.hpp) a variant with the tail
+// split (the long one where it has it); else the short-sequence variant
+// (traits.cuh) up to kShortMaxSeqlen, where the head dim has one.
+template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType,
+          sm90::fwd::Sequences kSequences = sm90::fwd::Sequences::kDense>
 Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
+  using sm90::fwd::Sequences;
   using sm90::fwd::Traits;
-  constexpr int kShortMaxSeqlen =
-      sm90::fwd::kShortMaxSeqlen<kDType == DType::kFloat8E4M3, kHeadDim, kCausal>;
-  if constexpr (kShortMaxSeqlen > 0) {
-    if (p.seqlen_q <= kShortMaxSeqlen) {
-      return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, true>, kCausal>(p,
-                                                                                      stream);
+  constexpr bool kVarlen = kSequences == Sequences::kVarlen;
+  if constexpr (kSequences == Sequences::kKvCache) {
+    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences>,
+                          kCausal>(p, stream);
+  } else {
+    if constexpr (!kCausal && !kVarlen) {
+      using Long = Traits<kDType, kHeadDim, false, kOutDType>;
+      if (wants_split_kv(p.seqlen_q, p.seqlen_k, Long::kBlockM, Long::kBlockN)) {
+        using Split = std::conditional_t<
+            Long::kTailSplit, Long,
+            Traits<kDType, kHeadDim, false, kOutDType, false, Sequences::kSplitKv>>;
+        return launch_variant<Split, false>(p, stream);
+      }
     }
+    constexpr int kShortMaxSeqlen =
+        sm90::fwd::kShortMaxSeqlen<kDType == DType::kFloat8E4M3, kHeadDim, kCausal>;
+    if constexpr (kShortMaxSeqlen > 0) {
+      if ((kVarlen ? p.max_seqlen_q : p.seqlen_q) <= kShortMaxSeqlen) {
+        return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, true, kSequences>,
+                              kCausal>(p, stream);
+      }
+    }
+    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences>,
+                          kCausal>(p, stream);
   }
-  return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType>, kCausal>(p, stream);
+}
+
+template <DType kDType, int kHeadDim, sm90::fwd::Sequences kSequences>
+Status launch_sequences(const ForwardParams& p, cudaStream_t stream) {
+  return p.causal ? launch_causality<kDType, kHeadDim, true, kDType, kSequences>(p, stream)
+                  : launch_causality<kDType, kHeadDim, false, kDType, kSequences>(p, stream);
 }
 
 template <DType kDType, int kHeadDim>
-Status launch_forward_sm90(const ForwardParams& p, cudaStream_t stream) {
-  return p.causal ? launch_causality<kDType, kHeadDim, true, kDType>(p, stream)
-                  : launch_causality<kDType, kHeadDim, false, kDType>(p, stream);
+Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream) {
+  using sm90::fwd::Sequences;
+  if (params.varlen_batch > 0) {
+    return launch_sequences<kDType, kHeadDim, Sequences::kVarlen>(params, stream);
+  }
+  ForwardParams packed = params;  // GQA decoding as MHA over a view (decode.hpp)
+  const ForwardParams& p = pack_gqa(&packed) ? packed : params;
+  return p.cache_seqlens != nullptr
+             ? launch_sequences<kDType, kHeadDim, Sequences::kKvCache>(p, stream)
+             : launch_sequences<kDType, kHeadDim, Sequences::kDense>(p, stream);
 }
 
 template <DType kOutDType, int kHeadDim>

@@ -49,14 +49,14 @@ struct Mainloop {
   struct LoadCursor {
     TileScheduler::Cursor at;  // at.step: the parity count of the Q barriers
     bool valid;                // false past the last step
-    Work work;
+    WorkOf<T> work;
     int head_kv;  // the K/V head of work.tile.head (GQA)
     int n;        // the key block being loaded
     LoadStep next;
     Pipeline pipe;
   };
 
-  const TileScheduler& scheduler;
+  const SchedulerOf<T>& scheduler;
   const Mask<kBlockM, kBlockN, kCausal>& mask;
   LoadCursor loads;  // without warp specialization: consumer thread 0's loads
 
@@ -70,7 +70,7 @@ struct Mainloop {
   }
   __device__ LoadCursor first_load() const {
     LoadCursor c{};
-    c.at = scheduler.begin<kCausal>();
+    c.at = scheduler.template begin<kCausal>();
     start_step(c);
     return c;
   }
@@ -97,7 +97,11 @@ struct Mainloop {
         if (c.at.step > 0 && !acquire(smem.q_empty, (c.at.step - 1) & 1)) {
           return false;
         }
-        load_q(c.work.tile);
+        if constexpr (T::kVarlen) {  // the packed tensor's rows from the sequence's first
+          load_q(c.work.tile, c.work.q.begin, 0);
+        } else {
+          load_q(c.work.tile, 0, c.work.tile.batch);
+        }
         c.next = LoadStep::kV;
         break;
       case LoadStep::kK:
@@ -105,7 +109,18 @@ struct Mainloop {
         if (!acquire(smem.k_empty[c.pipe.stage], c.pipe.phase ^ 1u)) {
           return false;
         }
-        load_k(c.pipe, c.n, c.head_kv, c.work.tile.batch);
+        if constexpr (T::kVarlen) {
+          load_k(c.pipe, c.n, c.head_kv, 0, c.work.k.begin);
+        } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
+          if (args.cache.page_table != nullptr) {
+            load_paged(&args.k, smem.k_full[c.pipe.stage], smem.k[c.pipe.stage], c.n, c.head_kv,
+                       c.work.tile.batch);
+          } else {
+            load_k(c.pipe, c.n, c.head_kv, c.work.k.batch, 0);
+          }
+        } else {
+          load_k(c.pipe, c.n, c.head_kv, c.work.tile.batch, 0);
+        }
         c.next = c.n == c.work.n_end - 1 ? LoadStep::kQ : LoadStep::kV;
         break;
       case LoadStep::kV:
@@ -120,40 +135,69 @@ struct Mainloop {
             return false;
           }
         }
-        load_v(c.pipe, c.n, c.head_kv, c.work.tile.batch);
+        if constexpr (T::kVarlen) {
+          load_v(c.pipe, c.n, c.head_kv, 0, c.work.k.begin);
+        } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
+          if (args.cache.page_table != nullptr) {
+            load_paged(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage], c.n, c.head_kv,
+                       c.work.tile.batch);
+          } else {
+            load_v(c.pipe, c.n, c.head_kv, c.work.k.batch, 0);
+          }
+        } else {
+          load_v(c.pipe, c.n, c.head_kv, c.work.tile.batch, 0);
+        }
         c.pipe.advance();
         --c.n;
         c.next = LoadStep::kK;
         break;
     }
     if (c.n < c.work.n_begin && c.next != LoadStep::kQ) {  // the step is loaded
-      scheduler.advance<kCausal>(c.at);
+      scheduler.template advance<kCausal>(c.at);
       start_step(c);
     }
     return true;
   }
 
-  __device__ void load_q(const Tile& tile) {
+  // The mask of a work: the kernel's (a reference to it), or (varlen) the
+  // sequence's own lengths, or (KV cache) the batch's key count.
+  __device__ decltype(auto) mask_of(const WorkOf<T>& w) const {
+    if constexpr (T::kVarlen) {
+      return Mask<kBlockM, kBlockN, kCausal>{w.q.length, w.k.length};
+    } else if constexpr (T::kKvCache) {
+      return Mask<kBlockM, kBlockN, kCausal>{mask.seqlen_q, w.k.length};
+    } else {
+      return (mask);
+    }
+  }
+
+  // Rows from row0 in batch `batch` of the tensor: a work's batch from row 0,
+  // or (varlen) the packed tensors' rows from the sequence's first, batch 0.
+  // Rows past a sequence's end read the next sequence's (or the zeros past
+  // the tensor): the mask hides those keys, and those query rows are never
+  // stored. (The work's fields are read at the calls, not through a
+  // function of the work: that moved ptxas's allocation of the other kernels.)
+  __device__ void load_q(const Tile& tile, int row0, int batch) {
     smem.q_full.arrive_expect_tx(T::kQTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
       tma_load(&args.q, &smem.q_full.word, smem.q + b * kBlockM * kSwizzleCols,
-               b * kSwizzleCols, tile.m_block * kBlockM, tile.head, tile.batch);
+               b * kSwizzleCols, row0 + tile.m_block * kBlockM, tile.head, batch);
     }
   }
 
   // K: kBlockN rows of the head dim; so is V for 16 bits. FP8 V (Fp8V
   // layout) is kHeadDim rows of kBlockN keys.
-  __device__ void load_k(const Pipeline& pipe, int n_block, int head_kv, int batch) {
+  __device__ void load_k(const Pipeline& pipe, int n_block, int head_kv, int batch, int row0) {
     Mbarrier& full = smem.k_full[pipe.stage];
     full.arrive_expect_tx(T::kKVTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
       load_rows<T::kKLoadRows>(&args.k, full, smem.k[pipe.stage] + b * kBlockN * kSwizzleCols,
-                               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+                               b * kSwizzleCols, row0 + n_block * kBlockN, head_kv, batch);
     }
   }
-  __device__ void load_v(const Pipeline& pipe, int n_block, int head_kv, int batch) {
+  __device__ void load_v(const Pipeline& pipe, int n_block, int head_kv, int batch, int row0) {
     Mbarrier& full = smem.v_full[pipe.stage];
     full.arrive_expect_tx(T::kKVTileBytes);
 #pragma unroll
@@ -163,10 +207,30 @@ struct Mainloop {
                                  n_block * kBlockN + b * kSwizzleCols, 0, head_kv, batch);
       } else {
         load_rows<T::kVLoadRows>(&args.v, full, smem.v[pipe.stage] + b * kBlockN * kSwizzleCols,
-                                 b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+                                 b * kSwizzleCols, row0 + n_block * kBlockN, head_kv, batch);
       }
     }
   }
+  // A K or V tile (16-bit, kBlockN keys) of a paged cache (kv_cache.hpp):
+  // a box of kPageBoxRows rows at a time, each from the page that holds it
+  // (the page table's entries for a block are read once per column block;
+  // they stay in L1).
+  __device__ void load_paged(const CUtensorMap* map, Mbarrier& full, Element* tile, int n_block,
+                             int head_kv, int batch) {
+    static_assert(!T::kFp8 && !T::kClusterKv, "paged caches: 16-bit, no clusters");
+    constexpr int kBoxes = kBlockN / kPageBoxRows;
+    full.arrive_expect_tx(T::kKVTileBytes);
+#pragma unroll
+    for (int b = 0; b < T::kColBlocks; ++b) {
+#pragma unroll
+      for (int i = 0; i < kBoxes; ++i) {
+        const PageRow at = args.cache.page_row(batch, n_block * kBlockN + i * kPageBoxRows);
+        tma_load(map, &full.word, tile + (b * kBlockN + i * kPageBoxRows) * kSwizzleCols,
+                 b * kSwizzleCols, at.row, head_kv, at.page);
+      }
+    }
+  }
+
   // One column block of a K or V tile, loaded in boxes of kLoadRows rows: the
   // whole block, or (T::kClusterKv) two halves, both here when the kernel
   // runs without clusters, else this CTA's half multicast to the cluster.
@@ -371,9 +435,10 @@ struct Mainloop {
   // softmax's scale_log2), and O is accumulated in units of the V descale of
   // the last block added (`o_units`, rescaled with the softmax's factor when
   // the next block's scale differs); the epilogue multiplies it back.
-  __device__ void compute(const Work& work, int warpgroup, Pipeline& pipe, int step,
+  __device__ void compute(const WorkOf<T>& work, int warpgroup, Pipeline& pipe, int step,
                           float (&o)[T::kOAccRegs], Softmax& softmax, float& o_units) {
     const Tile& tile = work.tile;
+    decltype(auto) mask = mask_of(work);
     const int n_begin = T::kTailSplit ? work.n_begin : 0, n_end = work.n_end;
     const FragmentCoord c = FragmentCoord::current();
     const int wg_row0 = tile.m_block * kBlockM + warpgroup * kMmaM;

@@ -18,8 +18,13 @@
 // step, and so on the same heads' K and V.
 #pragma once
 
+#include <type_traits>
+
 #include "sm90/problem.hpp"
+
 #include "tail_split.hpp"
+#include "kv_cache.hpp"
+#include "varlen.hpp"
 
 namespace flash3::sm90::fwd {
 
@@ -105,5 +110,76 @@ struct TileScheduler {
     return t;
   }
 };
+
+// Varlen (Traits::kVarlen; varlen.hpp): a work also carries its sequence's
+// rows in the packed tensors. (Types of their own, so that the other
+// kernels' code is exactly as it was.)
+struct VarlenWork : Work {
+  SeqRange q{};
+  SeqRange k{};
+};
+
+// The dense tile space of varlen.hpp, whole tiles only, in the persistent
+// order of TileScheduler (CTA c takes tiles c, c + G, ...; causal pairs).
+// Within a causal head the sequence's own query-block count orders the
+// blocks longest first, and the mask is the sequence's.
+struct VarlenTileScheduler : TileScheduler {
+  VarlenSequences varlen;
+
+  template <bool kCausal, bool kTailSplit, class Mask>
+  __device__ bool work(const Cursor& c, const Mask&, VarlenWork& w) const {
+    static_assert(!kTailSplit, "varlen launches are not tail-split");
+    const VarlenTiles tiles{varlen.block_prefix, varlen.batch, heads};
+    if (c.index >= tiles.num_tiles()) {
+      return false;
+    }
+    const VarlenTile t = tiles.tile(c.index);
+    w.tile.batch = t.batch;
+    w.tile.head = t.head;
+    w.tile.m_block =
+        !kCausal ? t.m_block
+                 : (t.m_block % 2 == 0 ? t.m_blocks - 1 - t.m_block / 2 : t.m_block / 2);
+    w.q = seq_range(varlen.cu_seqlens_q, varlen.seqused_q, t.batch, varlen.total_q);
+    w.k = seq_range(varlen.cu_seqlens_k, varlen.seqused_k, t.batch, varlen.total_k);
+    w.n_begin = 0;
+    w.n_end = Mask{w.q.length, w.k.length}.n_block_end(w.tile.m_block);
+    w.kind = Piece::kWhole;
+    w.partners = 0;
+    return true;
+  }
+};
+
+// KV cache (Traits::kKvCache; kv_cache.hpp): a work also carries its
+// batch's keys.
+struct KvCacheWork : Work {
+  CacheKeys k{};
+};
+
+// The tiles and pieces of TileScheduler over the cache's key slots, each
+// work's key blocks then cut to those its batch uses (a piece past them has
+// none: its partial weighs nothing in the fold).
+struct KvCacheTileScheduler : TileScheduler {
+  KvCacheSequences cache;
+
+  template <bool kCausal, bool kTailSplit, class Mask>
+  __device__ bool work(const Cursor& c, const Mask& mask, KvCacheWork& w) const {
+    if (!TileScheduler::work<kCausal, kTailSplit>(c, mask, w)) {
+      return false;
+    }
+    w.k = cache.keys(w.tile.batch);
+    const int n_end = Mask{mask.seqlen_q, w.k.length}.n_block_end(w.tile.m_block);
+    w.n_end = min(w.n_end, n_end);
+    w.n_begin = min(w.n_begin, w.n_end);
+    return true;
+  }
+};
+
+template <class T>
+using SchedulerOf =
+    std::conditional_t<T::kVarlen, VarlenTileScheduler,
+                       std::conditional_t<T::kKvCache, KvCacheTileScheduler, TileScheduler>>;
+template <class T>
+using WorkOf = std::conditional_t<T::kVarlen, VarlenWork,
+                                  std::conditional_t<T::kKvCache, KvCacheWork, Work>>;
 
 }  // namespace flash3::sm90::fwd

@@ -240,13 +240,58 @@ inline constexpr bool kIntraWgOverlapEnabled = false;
 inline constexpr bool kIntraWgOverlapEnabled = true;
 #endif
 
+// A tile config for packed variable-length batches (varlen.hpp): no tail
+// split and no K/V clusters (both pair tiles of one sequence length), and O
+// stored straight from registers, row by row, since a TMA store clips only
+// at the packed tensor's end, not at its sequence's.
+template <class Config>
+struct VarlenConfig : Config {
+  static constexpr bool kTailSplit = false;
+  static constexpr bool kKvMulticast = false;
+  static constexpr OStore kOStore = OStore::kDirect;
+  static constexpr bool kDeferOStoreWait = false;
+};
+
+// A tile config for decode-shaped launches (decode.hpp): few tiles of many
+// key blocks, cut in pieces over the SMs by the tail split.
+template <class Config>
+struct SplitKvConfig : Config {
+  static constexpr bool kTailSplit = true;
+};
+
+// A tile config for a KV cache (kv_cache.hpp): each batch's own key count,
+// so non-causal launches split like decoding's (causal ones cannot: their
+// tail split pairs tiles of equal cost), and no K/V clusters (the pair's
+// tiles would need one key count).
+template <class Config, bool kCausal>
+struct KvCacheConfig : Config {
+  static constexpr bool kTailSplit = !kCausal;
+  static constexpr bool kKvMulticast = false;
+};
+
+// Which sequences a kernel takes (KernelArgs): kDense, one seqlen_q and one
+// seqlen_k for the whole batch; kSplitKv, the same with the tail split on
+// (SplitKvConfig), for tile configs without it; kVarlen, Q, K, V, O packed
+// (1, total, heads, headdim), sequences from cu_seqlens (KernelArgs::varlen);
+// kKvCache, each batch's key count and K/V batch from the device
+// (KernelArgs::cache).
+enum class Sequences { kDense, kSplitKv, kVarlen, kKvCache };
+
 // kDType: of Q, K, V; kOutDType: of O (the same, or fp16/bf16 for fp8).
 template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType,
-          bool kShort = false>
+          bool kShort = false, Sequences kSequences = Sequences::kDense>
 struct Traits {
   static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
-  using Config = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal, kShort>,
-                                    TileConfig<kHeadDim, kCausal, kShort>>;
+  static constexpr bool kVarlen = kSequences == Sequences::kVarlen;
+  static constexpr bool kKvCache = kSequences == Sequences::kKvCache;
+  using BaseConfig = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal, kShort>,
+                                        TileConfig<kHeadDim, kCausal, kShort>>;
+  using Config = std::conditional_t<
+      kVarlen, VarlenConfig<BaseConfig>,
+      std::conditional_t<kKvCache, KvCacheConfig<BaseConfig, kCausal>,
+                         std::conditional_t<kSequences == Sequences::kSplitKv,
+                                            SplitKvConfig<BaseConfig>, BaseConfig>>>;
+  static_assert(!(kVarlen || kKvCache) || !kFp8, "varlen and KV caches: 16-bit only so far");
   using Element = typename ElementOf<kDType>::type;
   using OutElement = typename ElementOf<kOutDType>::type;
   static_assert(kOutDType != DType::kFloat8E4M3, "O is 16-bit");

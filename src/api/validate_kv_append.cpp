@@ -1,0 +1,230 @@
+// The argument checks of flash3::kvcache_append.
+#include <climits>
+#include <initializer_list>
+#include <iterator>
+#include <utility>
+
+#include "sm90/fwd/kv_cache.hpp"
+#include "validate_common.hpp"
+
+namespace flash3::detail {
+namespace {
+
+using namespace validation;
+
+// An int32 device array's bytes.
+Span int_span(const int* data, int64_t count) {
+  const uint64_t lo = reinterpret_cast<uintptr_t>(data);
+  return data == nullptr ? Span{} : Span{lo, lo + static_cast<uint64_t>(count) * sizeof(int)};
+}
+
+Status check_same_shape(const char* name, const Tensor& t, const char* like, const Tensor& u) {
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] != u.shape[i]) {
+      return invalid(name, ".shape[", i, "] = ", t.shape[i], " differs from ", like, "'s ",
+                     u.shape[i]);
+    }
+  }
+  return Status{};
+}
+
+Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                    const KvCache& cache, const KvCacheAppend& a, KvAppendParams* p) {
+  const bool rotary = a.rotary_cos != nullptr || a.rotary_sin != nullptr;
+  if (Status s = check_headdim_first(q); !s.ok()) {
+    return s;
+  }
+  const std::pair<const char*, const Tensor&> tensors[] = {
+      {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache},
+      {"append.k_new", a.k_new}, {"append.v_new", a.v_new}};
+  for (const auto& [name, t] : tensors) {
+    if (Status s = check_tensor(name, t, half_dtype); !s.ok()) {
+      return s;
+    }
+    if (t.dtype != q.dtype) {
+      return invalid(name, ".dtype (", dtype_name(t.dtype), ") differs from q.dtype (",
+                     dtype_name(q.dtype), ")");
+    }
+    if (t.shape[3] != q.shape[3]) {
+      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ",
+                     q.shape[3]);
+    }
+  }
+  if (Status s = check_same_shape("v_cache", v_cache, "k_cache", k_cache); !s.ok()) {
+    return s;
+  }
+  if (Status s = check_heads(q, k_cache); !s.ok()) {
+    return s;
+  }
+  if (a.k_new.shape[0] != q.shape[0]) {
+    return invalid("append.k_new.shape[0] (batch) = ", a.k_new.shape[0], " differs from q's ",
+                   q.shape[0]);
+  }
+  if (a.k_new.shape[2] != k_cache.shape[2]) {
+    return invalid("append.k_new.shape[2] (heads) = ", a.k_new.shape[2], " differs from k_cache's ",
+                   k_cache.shape[2]);
+  }
+  if (Status s = check_same_shape("append.v_new", a.v_new, "append.k_new", a.k_new); !s.ok()) {
+    return s;
+  }
+
+  // The cache, as forward_kvcache takes it.
+  const int64_t batch = q.shape[0];
+  const bool paged = cache.page_table != nullptr;
+  int64_t capacity = k_cache.shape[1];
+  if (paged) {
+    if (cache.cache_batch_idx != nullptr) {
+      return invalid("cache.cache_batch_idx is given with cache.page_table: a paged cache "
+                     "names each batch's pages in its page_table row instead");
+    }
+    if (k_cache.shape[1] % sm90::fwd::kPageBoxRows != 0) {
+      return unsupported("k_cache.shape[1] (page size) = ", k_cache.shape[1],
+                         ": paged caches take page sizes that are multiples of ",
+                         sm90::fwd::kPageBoxRows);
+    }
+    if (cache.pages_per_batch < 1) {
+      return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                     " must be at least 1 with a page_table");
+    }
+    capacity = k_cache.shape[1] * cache.pages_per_batch;
+  } else if (cache.pages_per_batch != 0) {
+    return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                   " without a cache.page_table");
+  } else if (cache.cache_batch_idx == nullptr && k_cache.shape[0] != batch) {
+    return invalid("k_cache.shape[0] (batch) = ", k_cache.shape[0], " differs from q's ", batch,
+                   " (give cache.cache_batch_idx for a cache of its own batches)");
+  }
+  if (capacity + a.k_new.shape[1] > INT_MAX || batch * cache.pages_per_batch > INT_MAX) {
+    return invalid("the cache's capacity (", capacity, ") plus append.k_new's rows (",
+                   a.k_new.shape[1], ") and the page table's entries must be below 2^31");
+  }
+
+  // Rotary tables.
+  if (rotary) {
+    if (a.rotary_cos == nullptr || a.rotary_sin == nullptr) {
+      return invalid("append.rotary_", a.rotary_cos == nullptr ? "cos" : "sin",
+                     " is null while the other rotary table is given");
+    }
+    if (a.rotary_dim < 2 || a.rotary_dim % 2 != 0 || a.rotary_dim > q.shape[3]) {
+      return invalid("append.rotary_dim = ", a.rotary_dim, " must be even and in [2, headdim = ",
+                     q.shape[3], "]");
+    }
+    if (a.rotary_rows < capacity) {
+      return invalid("append.rotary_rows = ", a.rotary_rows,
+                     " must cover every position of the cache (capacity ", capacity, ")");
+    }
+    for (const auto& [name, table] :
+         {std::pair<const char*, const void*>{"append.rotary_cos", a.rotary_cos},
+          {"append.rotary_sin", a.rotary_sin}}) {
+      if (reinterpret_cast<uintptr_t>(table) % element_bytes(q.dtype) != 0) {
+        return invalid(name, " is not aligned to its ", element_bytes(q.dtype), "-byte elements");
+      }
+    }
+    if (Status s = check_tensor("append.q_rotated", a.q_rotated, half_dtype); !s.ok()) {
+      return s;
+    }
+    if (a.q_rotated.dtype != q.dtype) {
+      return invalid("append.q_rotated.dtype (", dtype_name(a.q_rotated.dtype),
+                     ") differs from q.dtype (", dtype_name(q.dtype), ")");
+    }
+    if (Status s = check_same_shape("append.q_rotated", a.q_rotated, "q", q); !s.ok()) {
+      return s;
+    }
+    if (self_overlapping(a.q_rotated)) {
+      return invalid("append.q_rotated's strides make elements overlap");
+    }
+  } else if (a.rotary_dim != 0) {
+    return invalid("append.rotary_dim = ", a.rotary_dim, " without rotary tables");
+  }
+
+  // Device arrays: read (cache_seqlens, cache_batch_idx, page_table) and
+  // written (seqlens_out).
+  if (a.seqlens_out == nullptr) {
+    return invalid("append.seqlens_out is null");
+  }
+  if (cache.cache_seqlens == nullptr) {
+    return invalid("cache.cache_seqlens is null");
+  }
+  const std::pair<const char*, const int*> arrays[] = {
+      {"cache.cache_seqlens", cache.cache_seqlens},
+      {"cache.cache_batch_idx", cache.cache_batch_idx},
+      {"cache.page_table", cache.page_table},
+      {"append.seqlens_out", a.seqlens_out}};
+  for (const auto& [name, data] : arrays) {
+    if (reinterpret_cast<uintptr_t>(data) % alignof(int) != 0) {
+      return invalid(name, " is not 4-byte aligned");
+    }
+  }
+
+  // What the kernel writes must not overlap anything it reads (or writes).
+  const Span out_spans[] = {span_of(k_cache), span_of(v_cache),
+                            rotary ? span_of(a.q_rotated) : Span{},
+                            int_span(a.seqlens_out, batch)};
+  const char* out_names[] = {"k_cache", "v_cache", "append.q_rotated", "append.seqlens_out"};
+  const Span in_spans[] = {span_of(q),
+                           span_of(a.k_new),
+                           span_of(a.v_new),
+                           int_span(cache.cache_seqlens, batch),
+                           int_span(cache.cache_batch_idx, batch),
+                           int_span(cache.page_table, batch * cache.pages_per_batch)};
+  const char* in_names[] = {"q", "append.k_new", "append.v_new", "cache.cache_seqlens",
+                            "cache.cache_batch_idx", "cache.page_table"};
+  for (size_t i = 0; i < std::size(out_spans); ++i) {
+    for (size_t j = 0; j < std::size(in_spans); ++j) {
+      if (intersect(out_spans[i], in_spans[j])) {
+        return invalid(out_names[i], " overlaps ", in_names[j],
+                       "; the call writes there while it reads it");
+      }
+    }
+    for (size_t j = i + 1; j < std::size(out_spans); ++j) {
+      if (intersect(out_spans[i], out_spans[j])) {
+        return invalid(out_names[i], " overlaps ", out_names[j]);
+      }
+    }
+  }
+
+  p->q = q.data;
+  p->q_rotated = rotary ? a.q_rotated.data : nullptr;
+  p->k_new = a.k_new.data;
+  p->v_new = a.v_new.data;
+  p->k_cache = k_cache.data;
+  p->v_cache = v_cache.data;
+  p->cache_seqlens = cache.cache_seqlens;
+  p->cache_batch_idx = cache.cache_batch_idx;
+  p->page_table = cache.page_table;
+  p->seqlens_out = a.seqlens_out;
+  p->rotary_cos = rotary ? a.rotary_cos : nullptr;
+  p->rotary_sin = rotary ? a.rotary_sin : nullptr;
+  p->dtype = q.dtype;
+  p->batch = static_cast<int>(batch);
+  p->seqlen_q = static_cast<int>(q.shape[1]);
+  p->seqlen_new = static_cast<int>(a.k_new.shape[1]);
+  p->heads_q = static_cast<int>(q.shape[2]);
+  p->heads_k = static_cast<int>(k_cache.shape[2]);
+  p->headdim = static_cast<int>(q.shape[3]);
+  p->kv_batch = static_cast<int>(k_cache.shape[0]);
+  p->kv_rows = static_cast<int>(k_cache.shape[1]);
+  p->capacity = static_cast<int>(capacity);
+  p->pages_per_batch = cache.pages_per_batch;
+  p->rotary_dim = rotary ? a.rotary_dim : 0;
+  p->rotary_rows = rotary ? a.rotary_rows : 0;
+  p->rotary_interleaved = a.rotary_interleaved;
+  p->causal = a.causal;
+  p->q_stride = strides_of(q);
+  p->q_rotated_stride = rotary ? strides_of(a.q_rotated) : Strides3{};
+  p->k_new_stride = strides_of(a.k_new);
+  p->v_new_stride = strides_of(a.v_new);
+  p->k_cache_stride = strides_of(k_cache);
+  p->v_cache_stride = strides_of(v_cache);
+  return Status{};
+}
+
+}  // namespace
+
+Status validate_kvcache_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                               const KvCache& cache, const KvCacheAppend& append,
+                               KvAppendParams* params) {
+  return with_call(kKvAppendCall, check_append(q, k_cache, v_cache, cache, append, params));
+}
+
+}  // namespace flash3::detail

@@ -1,0 +1,65 @@
+// A KV cache's keys per batch (Sequences::kKvCache), host and device so that
+// the CPU tests check them: batch b's queries attend to the first
+// cache_seqlens[b] of its `capacity` key slots, FlashAttention's
+// flash_attn_with_kvcache layout:
+//  - contiguous: slot s is row s of K/V batch cache_batch_idx[b] (b without
+//    it);
+//  - paged (page_table non-null): K and V are a pool of pages (kv_batch
+//    pages of page_size rows), and slot s is row s % page_size of page
+//    page_table[b * pages_per_batch + s / page_size]; capacity is
+//    pages_per_batch x page_size.
+// The arrays live on the device, so the host cannot check them: each value is
+// clamped into the cache (a bad length, index or page gives wrong keys, never
+// an access outside K and V).
+#pragma once
+
+#include "../problem.hpp"  // FLASH3_HOST_DEVICE, FastDivisor
+
+namespace flash3::sm90::fwd {
+
+struct CacheKeys {
+  int batch;   // K/V batch (contiguous caches)
+  int length;  // keys used, in [0, capacity]
+};
+
+// Where a paged cache's key slot lives: row `row` of page `page`.
+struct PageRow {
+  int page;
+  int row;
+};
+
+// Rows of K and V per TMA box in a paged cache: a page size must be a
+// multiple of it (a box never crosses a page), and so is every key block.
+inline constexpr int kPageBoxRows = 16;
+
+struct KvCacheSequences {
+  const int* seqlens = nullptr;    // batch entries, device
+  const int* batch_idx = nullptr;  // batch entries, device, or null
+  int kv_batch = 0;                // K/V batches, or pages of a paged cache
+  int capacity = 0;                // key slots per batch
+  const int* page_table = nullptr;  // (batch, pages_per_batch), device, or null
+  int pages_per_batch = 0;
+  int page_size = 0;
+  flash3::detail::FastDivisor by_page_size;
+
+  FLASH3_HOST_DEVICE CacheKeys keys(int b) const {
+    const int length = seqlens[b];
+    int kv = batch_idx != nullptr ? batch_idx[b] : b;
+    kv = kv < 0 ? 0 : (kv >= kv_batch ? kv_batch - 1 : kv);
+    return {kv, length < 0 ? 0 : (length > capacity ? capacity : length)};
+  }
+
+  // Slot `slot` (>= 0; past the capacity in a key block's tail, whose rows
+  // the mask hides) of batch b in a paged cache. A slot past the last page
+  // stays in that page's row range only if it fits: else its row is past
+  // page_size, which the tensor map reads as zeros.
+  FLASH3_HOST_DEVICE PageRow page_row(int b, int slot) const {
+    int index = by_page_size.divide(slot);
+    index = index < pages_per_batch ? index : pages_per_batch - 1;
+    int page = page_table[static_cast<long long>(b) * pages_per_batch + index];
+    page = page < 0 ? 0 : (page >= kv_batch ? kv_batch - 1 : page);
+    return {page, slot - index * page_size};
+  }
+};
+
+}  // namespace flash3::sm90::fwd
