@@ -3,7 +3,10 @@
 by reading K and V from HBM. Prints the K/V bandwidth (bytes of K and V read per second)
 of flash3 and of PyTorch SDPA's cuDNN and FlashAttention-2 backends, in one process,
 beside a device-to-device copy's bandwidth (bytes read and written per second) measured
-in the same run (issue 24's yardstick: decode at >= 80% of the copy).
+in the same run (issue 24's yardstick: decode at >= 80% of the copy). flash3 runs three
+ways: flash_attn_func (flash3), flash_attn_with_kvcache on the contiguous cache
+(f3cache) and on the same bytes as a paged pool of 256-key pages read through a
+shuffled page table (f3paged).
 
 Each figure is the median of --iters CUDA-event timings after --warmup calls. K and V are
 rotated over enough copies to exceed the L2 (60 MB on an H200), so every call reads them
@@ -30,6 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 import flash3  # noqa: E402
+from flash3.flash_attn_interface import flash_attn_with_kvcache  # noqa: E402
 
 L2_BYTES = 60 << 20
 MAX_KV_BYTES = 48 << 30  # one set of K and V; larger cells are skipped
@@ -39,6 +43,36 @@ def flash3_decode(q, k, v):
     return flash3.flash_attn_func(q, k, v)
 
 
+PAGE_SIZE = 256
+_tables = {}
+
+
+def _cache_args(q, k):
+    """(cache_seqlens, page_table) for a cache of k's shape: every slot used; the pages of
+    each batch in a shuffled order (fixed per shape, so not timed)."""
+    key = (k.shape, k.device)
+    if key not in _tables:
+        batch, cache = k.shape[0], k.shape[1]
+        pages = cache // PAGE_SIZE
+        lengths = torch.full((batch,), cache, dtype=torch.int32, device=k.device)
+        order = torch.randperm(batch * pages, device=k.device, dtype=torch.int32).reshape(batch, pages)
+        _tables[key] = (lengths, order.contiguous())
+    return _tables[key]
+
+
+def flash3_kvcache(q, k, v):
+    lengths, _ = _cache_args(q, k)
+    return flash_attn_with_kvcache(q, k, v, cache_seqlens=lengths)
+
+
+def flash3_paged(q, k, v):
+    """The same bytes as pages of PAGE_SIZE keys in a pool, read through a shuffled table."""
+    lengths, table = _cache_args(q, k)
+    pool_k = k.view(-1, PAGE_SIZE, k.shape[2], k.shape[3])
+    pool_v = v.view(-1, PAGE_SIZE, v.shape[2], v.shape[3])
+    return flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=lengths, page_table=table)
+
+
 def sdpa_decode(q, k, v):
     q, k, v = (x.transpose(1, 2) for x in (q, k, v))
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True).transpose(1, 2)
@@ -46,6 +80,8 @@ def sdpa_decode(q, k, v):
 
 BACKENDS = {
     "flash3": (flash3_decode, contextlib.nullcontext),
+    "f3cache": (flash3_kvcache, contextlib.nullcontext),
+    "f3paged": (flash3_paged, contextlib.nullcontext),
     "cuDNN": (sdpa_decode, lambda: sdpa_kernel(SDPBackend.CUDNN_ATTENTION)),
     "FA2": (sdpa_decode, lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)),
 }

@@ -115,19 +115,19 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   // hold other random values).
   const bool paged = c.page_size > 0;
   const int pages_per_batch = paged ? c.capacity / c.page_size : 0;
-  const int num_pages = paged ? batch * pages_per_batch + 3 : 0;
+  const int num_pages = paged ? kv_batch * pages_per_batch + 3 : 0;  // a table row per cache batch
   const size_t page_elems = static_cast<size_t>(c.page_size) * kv_row;
   const size_t pool_elems = paged ? num_pages * page_elems : cache_elems;
   DeviceBuffer d_q(q_elems * 2), d_k(pool_elems * 2), d_v(pool_elems * 2), d_out(q_elems * 2),
       d_lse(lse_elems * 4), d_seqlens(sizeof(int) * batch), d_idx(sizeof(int) * batch);
   upload(d_q, q, "q");
-  std::vector<int> page_table(static_cast<size_t>(batch) * pages_per_batch);
+  std::vector<int> page_table(static_cast<size_t>(kv_batch) * pages_per_batch);
   if (paged) {
     std::vector<int> perm(num_pages);
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     std::vector<float> k_pool = draw(num_pages * page_elems), v_pool = draw(num_pages * page_elems);
-    for (int b = 0; b < batch; ++b) {
+    for (int b = 0; b < kv_batch; ++b) {
       for (int i = 0; i < pages_per_batch; ++i) {
         const int page = perm[static_cast<size_t>(b) * pages_per_batch + i];
         page_table[static_cast<size_t>(b) * pages_per_batch + i] = page;
@@ -164,7 +164,8 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   const Tensor to = Tensor::contiguous(d_out.get(), c.dtype, batch, c.seqlen_q, c.heads_q, d);
   const KvCache cache{static_cast<const int*>(d_seqlens.get()),
                       c.batch_idx.empty() ? nullptr : static_cast<const int*>(d_idx.get()),
-                      paged ? static_cast<const int*>(d_pages.get()) : nullptr, pages_per_batch};
+                      paged ? static_cast<const int*>(d_pages.get()) : nullptr, pages_per_batch,
+                      paged && !c.batch_idx.empty() ? kv_batch : 0};
   ForwardOptions options;
   options.causal = c.causal;
   const Status s = flash3::forward_kvcache(tq, tk, tv, to, static_cast<float*>(d_lse.get()), cache,
@@ -269,6 +270,12 @@ TEST_F(ForwardKvCache, PagedCacheMatchesTheReference) {
       }
     }
   }
+  // cache_batch_idx picks the page table's row (a table of more rows than batches).
+  KvCacheCase c = make_case(DType::kBFloat16, 128, true, 1, 2048, {2048, 17, 0, 1000});
+  c.page_size = 64;
+  c.batch_idx = {5, 0, 3, 2};
+  c.kv_batch = 6;
+  expect_kvcache_matches_reference(c);
 }
 
 // Small cases for compute-sanitizer: --gtest_filter='SanitizeForward*'.

@@ -383,6 +383,12 @@ TEST(ForwardKvCache, ValidPagedArgumentsReachTheDevice) {
   KvCacheProblem p;
   p.use_pages();
   expect_reaches_the_device(p.call_kvcache());
+  // cache_batch_idx picks page table rows: here a table of one row.
+  p.cache.cache_batch_idx = p.batch_idx;
+  p.cache.page_table_rows = 1;
+  expect_reaches_the_device(p.call_kvcache());
+  p.cache.cache_batch_idx = nullptr;
+  p.cache.page_table_rows = 0;
   // A pool of more pages than q's batches, two pages a batch.
   set_dims(p.k, 1, KvCacheProblem::kSeqlenK * 2, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
   set_dims(p.v, 1, KvCacheProblem::kSeqlenK * 2, KvCacheProblem::kHeadsK, KvCacheProblem::kHeadDim);
@@ -402,11 +408,12 @@ TEST(ForwardKvCache, RefusesBadPages) {
                            "that are multiples of 16");
   }
   {
-    KvCacheProblem p;
+    KvCacheProblem p;  // without cache_batch_idx, one page table row per batch
     p.use_pages();
-    p.cache.cache_batch_idx = p.batch_idx;
+    p.cache.page_table_rows = 1;
     expect_kvcache_refused(p, Code::kInvalidArgument,
-                           "cache.cache_batch_idx is given with cache.page_table");
+                           "cache.page_table_rows = 1: the page table has one row per batch (2) "
+                           "unless cache.cache_batch_idx picks the rows");
   }
   {
     KvCacheProblem p;
@@ -419,7 +426,8 @@ TEST(ForwardKvCache, RefusesBadPages) {
     KvCacheProblem p;
     p.cache.pages_per_batch = 3;
     expect_kvcache_refused(p, Code::kInvalidArgument,
-                           "cache.pages_per_batch = 3 without a cache.page_table");
+                           "cache.pages_per_batch = 3 and cache.page_table_rows = 0 without a "
+                           "cache.page_table (both must be 0)");
   }
   {
     KvCacheProblem p;

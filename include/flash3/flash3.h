@@ -101,14 +101,16 @@ flash3_status flash3_forward_varlen(const flash3_forward_varlen_args* args, cuda
  * headdim); query batch b attends to the first cache_seqlens[b] slots of K/V
  * batch cache_batch_idx[b] (NULL: b); int32, device, batch entries each.
  * Paged (page_table not NULL): k and v (num_pages, page_size, heads_k,
- * headdim), page_table (batch, pages_per_batch) int32, device; page_size a
- * multiple of 16. The rest as in flash3_forward_args. */
+ * headdim), page_table (page_table_rows (0: batch), pages_per_batch) int32,
+ * device, row cache_batch_idx[b] (NULL: b) for batch b; page_size a multiple
+ * of 16. The rest as in flash3_forward_args. */
 typedef struct flash3_forward_kvcache_args {
   flash3_forward_args forward;
   const int* cache_seqlens;
   const int* cache_batch_idx;
   const int* page_table;
   int pages_per_batch;
+  int page_table_rows;
 } flash3_forward_kvcache_args;
 
 /* Attention forward against a KV cache, enqueued on `stream`. */
@@ -133,6 +135,7 @@ typedef struct flash3_kvcache_append_args {
   int rotary_interleaved;
   int causal;
   int* seqlens_out;
+  int page_table_rows;
 } flash3_kvcache_append_args;
 
 /* Appends new keys and values to a KV cache and rotates q, enqueued on `stream`. */

@@ -127,10 +127,10 @@ Status forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const T
 //  - Contiguous (page_table null): k and v (kv_batch, capacity, heads_k,
 //    headdim), batch b's slots in K/V batch cache_batch_idx[b] (b when null).
 //  - Paged: k and v are a pool (num_pages, page_size, heads_k, headdim);
-//    page_table (batch, pages_per_batch) lists each batch's pages in order,
-//    so slot s is row s % page_size of page page_table[b][s / page_size]
-//    and capacity = pages_per_batch x page_size. page_size a multiple of 16;
-//    no cache_batch_idx.
+//    page_table (page_table_rows, pages_per_batch) lists pages in order, and
+//    batch b reads row r = cache_batch_idx[b] (b when null): slot s is row
+//    s % page_size of page page_table[r][s / page_size]; capacity =
+//    pages_per_batch x page_size. page_size a multiple of 16.
 // The arrays are int32 in device memory (cache_seqlens and cache_batch_idx
 // batch entries, page_table contiguous); flash3 cannot read them before
 // launching, so it clamps each length into [0, capacity], each index into
@@ -143,6 +143,7 @@ struct KvCache {
   const int* cache_batch_idx = nullptr;
   const int* page_table = nullptr;
   int pages_per_batch = 0;  // page_table's columns (paged caches only)
+  int page_table_rows = 0;  // page_table's rows; 0: q's batch (paged caches only)
 };
 
 // forward() against a KV cache: q and out (batch, seqlen_q, heads_q,
@@ -342,8 +343,9 @@ inline constexpr int kMaxCombineHeadDim = 1024;
 // where a weight exp(l_i - lse) that is inf or NaN counts as 0, as
 // FlashAttention-3's reference does: a row whose splits are all -inf (none saw
 // a key) gets zeros and lse -inf; any +inf gives zeros and +inf; a NaN lse
-// gives zeros and NaN. Splits of weight 0 are not read. Sums in float32; out
-// is rounded once to its dtype. out and lse must not overlap each other or
+// gives zeros and NaN. A split of weight 0 takes no part (whatever its
+// values; past the first few it is not even read). Sums in float32; out is
+// rounded once to its dtype. out and lse must not overlap each other or
 // the inputs.
 Status combine(const CombineArgs& args, cudaStream_t stream = nullptr);
 

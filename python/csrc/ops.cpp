@@ -14,6 +14,7 @@
 #include <array>
 #include <map>
 #include <mutex>
+#include <climits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -507,15 +508,31 @@ std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const
 // (kv_batch, capacity, heads_k, headdim), cache_seqlens (batch,) int32,
 // cache_batch_idx (batch,) int32 or none; out and lse as fwd's.
 
-// A paged cache's page table: (batch, pages) int32, contiguous, on q's device.
-const int* page_table_of(const Tensor& t, int64_t batch, const at::Device& device) {
-  TORCH_CHECK_VALUE(t.dim() == 2 && t.scalar_type() == at::kInt && t.is_contiguous() &&
-                        t.size(0) == batch && t.size(1) >= 1,
-                    "flash3: page_table must be a contiguous int32 tensor (batch = ", batch,
-                    ", pages >= 1), got ", t.scalar_type(), " of shape ", t.sizes());
-  TORCH_CHECK_VALUE(t.device() == device, "flash3: page_table is on ", t.device(),
-                    " but q is on ", device);
-  return t.data_ptr<int>();
+// A cache's description for flash3 (flash3.hpp: KvCache): the per-batch
+// arrays checked here, and a paged cache's page table: (rows, pages) int32,
+// contiguous, on q's device (rows = batch, or any with cache_batch_idx).
+KvCache cache_of(const Tensor& q, const Tensor& cache_seqlens,
+                 const std::optional<Tensor>& cache_batch_idx,
+                 const std::optional<Tensor>& page_table, const at::Device& device) {
+  const int64_t batch = q.size(0);
+  KvCache cache{per_batch(cache_seqlens, "cache_seqlens", batch, device),
+                cache_batch_idx.has_value()
+                    ? per_batch(*cache_batch_idx, "cache_batch_idx", batch, device)
+                    : nullptr};
+  if (page_table.has_value()) {
+    const Tensor& t = *page_table;
+    TORCH_CHECK_VALUE(t.dim() == 2 && t.scalar_type() == at::kInt && t.is_contiguous() &&
+                          t.size(0) >= 1 && t.size(1) >= 1 && t.size(0) <= INT_MAX &&
+                          t.size(1) <= INT_MAX,
+                      "flash3: page_table must be a contiguous int32 tensor (rows, pages), got ",
+                      t.scalar_type(), " of shape ", t.sizes());
+    TORCH_CHECK_VALUE(t.device() == device, "flash3: page_table is on ", t.device(),
+                      " but q is on ", device);
+    cache.page_table = t.data_ptr<int>();
+    cache.pages_per_batch = static_cast<int>(t.size(1));
+    cache.page_table_rows = static_cast<int>(t.size(0));
+  }
+  return cache;
 }
 
 std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cache,
@@ -529,13 +546,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k_cache, "k_cache", device),
                        v_d = describe(v_cache, "v_cache", device),
                        out_d = describe(out, "out", device);
-  const KvCache cache{
-      per_batch(cache_seqlens, "cache_seqlens", q.size(0), device),
-      cache_batch_idx.has_value()
-          ? per_batch(*cache_batch_idx, "cache_batch_idx", q.size(0), device)
-          : nullptr,
-      page_table.has_value() ? page_table_of(*page_table, q.size(0), device) : nullptr,
-      page_table.has_value() ? static_cast<int>(page_table->size(1)) : 0};
+  const KvCache cache = cache_of(q, cache_seqlens, cache_batch_idx, page_table, device);
   ForwardOptions options;
   options.causal = causal;
   options.softmax_scale = scale_of(softmax_scale);
@@ -595,13 +606,7 @@ std::tuple<Tensor, Tensor> kvcache_append_cuda(
     append.rotary_dim = static_cast<int>(rotary_cos->size(1) * 2);
     append.q_rotated = describe(q_rotated, "q_rotated", device);
   }
-  const KvCache cache{
-      per_batch(cache_seqlens, "cache_seqlens", q.size(0), device),
-      cache_batch_idx.has_value()
-          ? per_batch(*cache_batch_idx, "cache_batch_idx", q.size(0), device)
-          : nullptr,
-      page_table.has_value() ? page_table_of(*page_table, q.size(0), device) : nullptr,
-      page_table.has_value() ? static_cast<int>(page_table->size(1)) : 0};
+  const KvCache cache = cache_of(q, cache_seqlens, cache_batch_idx, page_table, device);
   raise_unless_ok(kvcache_append(describe(q, "q", device), describe(k_cache, "k_cache", device),
                                  describe(v_cache, "v_cache", device), cache, append, on.stream));
   return {q_rotated, seqlens};

@@ -72,6 +72,7 @@ class ForwardKvCacheArgs(ctypes.Structure):
         ("cache_batch_idx", ctypes.POINTER(ctypes.c_int)),
         ("page_table", ctypes.POINTER(ctypes.c_int)),
         ("pages_per_batch", ctypes.c_int),
+        ("page_table_rows", ctypes.c_int),
     ]
 
 
@@ -96,6 +97,7 @@ class KvCacheAppendArgs(ctypes.Structure):
         ("rotary_interleaved", ctypes.c_int),
         ("causal", ctypes.c_int),
         ("seqlens_out", ctypes.POINTER(ctypes.c_int)),
+        ("page_table_rows", ctypes.c_int),
     ]
 
 

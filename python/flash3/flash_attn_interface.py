@@ -65,6 +65,15 @@ def _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, s
         raise _not_supported("softmax_scale", softmax_scale)
 
 
+def _refuse_other_dv(q, v):
+    """v's head dim other than q's (FlashAttention-3's dv != d): not yet (a NotImplementedError,
+    where the library's shape check would give a ValueError)."""
+    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == v.dim() \
+            and v.shape[-1] != q.shape[-1]:
+        raise NotImplementedError(f"flash3: v's head dim {v.shape[-1]} differs from q's {q.shape[-1]} "
+                                  "(dv != d) and is not supported yet")
+
+
 def _forward(q, k, v, softmax_scale, causal, out=None, softmax_lse=None):
     """(out, softmax_lse) of the 16-bit forward, into out and softmax_lse when given (tests
     poison them first to see that every element is written)."""
@@ -153,10 +162,7 @@ def flash_attn_func(
     if qv is not None or softcap != 0.0 or window_size != (-1, -1) or attention_chunk != 0 \
             or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
-    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 == v.dim() \
-            and v.shape[-1] != q.shape[-1]:
-        raise NotImplementedError(f"flash3: v's head dim {v.shape[-1]} differs from q's {q.shape[-1]} "
-                                  "(dv != d) and is not supported yet")
+    _refuse_other_dv(q, v)
     if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
         out, softmax_lse = ops.fwd_fp8(q, k, v, *_head_descales(q, k, q_descale, k_descale, v_descale),
                                        softmax_scale, causal, torch.bfloat16)
@@ -240,6 +246,7 @@ def flash_attn_varlen_func(
     for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if value is not None:
             raise _not_supported(name, value)
+    _refuse_other_dv(q, v)
     out, softmax_lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
                                       seqused_q, seqused_k)
     return (out, softmax_lse) if return_attn_probs else out
@@ -304,6 +311,7 @@ def flash_attn_with_kvcache(
                         ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if value is not None:
             raise _not_supported(name, value)
+    _refuse_other_dv(q, v_cache)
     if (k is None) != (v is None):
         raise ValueError("flash3: k and v (the new keys and values) go together")
     if k is None and (rotary_cos is not None or rotary_sin is not None):

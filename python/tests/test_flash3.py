@@ -163,7 +163,6 @@ def test_cpu_tensors_get_a_clear_refusal():
         ("window_size", (128, 0)),
         ("attention_chunk", 64),
         ("softcap", 30.0),
-        ("num_splits", 4),
         ("sm_margin", 8),
         ("softmax_scale", 0.0),
     ],

@@ -99,7 +99,7 @@ flash3_status flash3_kvcache_append(const flash3_kvcache_append_args* args, cuda
     return finish({flash3::StatusCode::kInvalidArgument, "flash3_kvcache_append: args is null"});
   }
   const flash3::KvCache cache{args->cache_seqlens, args->cache_batch_idx, args->page_table,
-                              args->pages_per_batch};
+                              args->pages_per_batch, args->page_table_rows};
   flash3::KvCacheAppend append;
   append.k_new = to_cpp(args->k_new);
   append.v_new = to_cpp(args->v_new);
@@ -121,7 +121,7 @@ flash3_status flash3_forward_kvcache(const flash3_forward_kvcache_args* args, cu
   }
   const flash3_forward_args& f = args->forward;
   const flash3::KvCache cache{args->cache_seqlens, args->cache_batch_idx, args->page_table,
-                              args->pages_per_batch};
+                              args->pages_per_batch, args->page_table_rows};
   return finish(flash3::forward_kvcache(to_cpp(f.q), to_cpp(f.k), to_cpp(f.v), to_cpp(f.out),
                                         f.softmax_lse, cache, forward_options(f), stream));
 }

@@ -1,5 +1,6 @@
 #include "validate_common.hpp"
 
+#include "sm90/fwd/kv_cache.hpp"
 #include "sm90/fwd/tail_split.hpp"
 #include "sm90/head_dims.hpp"
 
@@ -344,6 +345,50 @@ void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor&
   p->causal = options.causal;
   p->workspace = options.workspace;
   p->workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
+}
+
+Status check_cache_layout(const Tensor& q, const Tensor& k_cache, const KvCache& cache,
+                          int64_t* capacity, int64_t* table_rows) {
+  const int64_t batch = q.shape[0];
+  if (cache.page_table == nullptr) {
+    if (cache.pages_per_batch != 0 || cache.page_table_rows != 0) {
+      return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                     " and cache.page_table_rows = ", cache.page_table_rows,
+                     " without a cache.page_table (both must be 0)");
+    }
+    if (cache.cache_batch_idx == nullptr && k_cache.shape[0] != batch) {
+      return invalid("k_cache.shape[0] (batch) = ", k_cache.shape[0], " differs from q's ", batch,
+                     " (give cache.cache_batch_idx for a cache of its own batches)");
+    }
+    *capacity = k_cache.shape[1];
+    *table_rows = 0;
+    return Status{};
+  }
+  const int64_t page_size = k_cache.shape[1];
+  if (page_size % sm90::fwd::kPageBoxRows != 0) {
+    return unsupported("k_cache.shape[1] (page size) = ", page_size,
+                       ": paged caches take page sizes that are multiples of ",
+                       sm90::fwd::kPageBoxRows);
+  }
+  if (cache.pages_per_batch < 1) {
+    return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                   " must be at least 1 with a page_table");
+  }
+  const int64_t rows = cache.page_table_rows == 0 ? batch : cache.page_table_rows;
+  if (rows < 1 || (cache.cache_batch_idx == nullptr && rows != batch)) {
+    return invalid("cache.page_table_rows = ", cache.page_table_rows,
+                   ": the page table has one row per batch (", batch,
+                   ") unless cache.cache_batch_idx picks the rows");
+  }
+  if (page_size * cache.pages_per_batch > std::numeric_limits<int32_t>::max() ||
+      rows * cache.pages_per_batch > std::numeric_limits<int32_t>::max()) {
+    return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
+                   ": the capacity (pages_per_batch x page size) and the page table's "
+                   "entries (rows x pages_per_batch) must be below 2^31");
+  }
+  *capacity = page_size * cache.pages_per_batch;
+  *table_rows = rows;
+  return Status{};
 }
 
 }  // namespace validation

@@ -144,6 +144,14 @@ Status check_out_and_heads(const Tensor& q, const Tensor& k, const Tensor& out);
 // softmax_lse (optional) aligned, the scale, the number of lse rows.
 Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options);
 
+// A KV cache's layout as forward_kvcache and kvcache_append take it
+// (flash3.hpp: KvCache): contiguous k_cache with q's batches (or any with
+// cache_batch_idx), or a paged pool with its page table. On success sets
+// *capacity (key slots per batch) and *table_rows (the page table's rows;
+// 0 when not paged).
+Status check_cache_layout(const Tensor& q, const Tensor& k_cache, const KvCache& cache,
+                          int64_t* capacity, int64_t* table_rows);
+
 // The fields both forwards share (v's layout and the descales are the caller's).
 void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor& out,
                   float* softmax_lse, const ForwardOptions& options, ForwardParams* p);

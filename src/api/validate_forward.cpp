@@ -223,35 +223,14 @@ Status validate_forward_kvcache(const Tensor& q, const Tensor& k_cache, const Te
       return s;
     }
     const int64_t batch = q.shape[0];
-    if (paged) {
-      if (cache.cache_batch_idx != nullptr) {
-        return invalid("cache.cache_batch_idx is given with cache.page_table: a paged cache "
-                       "names each batch's pages in its page_table row instead");
-      }
-      const int64_t page_size = k_cache.shape[1];
-      if (page_size % sm90::fwd::kPageBoxRows != 0) {
-        return unsupported("k_cache.shape[1] (page size) = ", page_size,
-                           ": paged caches take page sizes that are multiples of ",
-                           sm90::fwd::kPageBoxRows);
-      }
-      if (cache.pages_per_batch < 1) {
-        return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
-                       " must be at least 1 with a page_table");
-      }
-      if (page_size * cache.pages_per_batch > INT_MAX ||
-          batch * cache.pages_per_batch > INT_MAX) {
-        return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
-                       ": the capacity (pages_per_batch x page size) and the page table's "
-                       "entries (batch x pages_per_batch) must be below 2^31");
-      }
-    } else if (cache.pages_per_batch != 0) {
-      return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
-                     " without a cache.page_table");
+    int64_t capacity = 0, table_rows = 0;
+    if (Status s = check_cache_layout(q, k_cache, cache, &capacity, &table_rows); !s.ok()) {
+      return s;
     }
     if (Status s = check_index_arrays(
             {{"cache.cache_seqlens", cache.cache_seqlens, batch, true},
              {"cache.cache_batch_idx", cache.cache_batch_idx, batch, false},
-             {"cache.page_table", cache.page_table, batch * cache.pages_per_batch, false}},
+             {"cache.page_table", cache.page_table, table_rows * cache.pages_per_batch, false}},
             q, out, softmax_lse, options);
         !s.ok()) {
       return s;
@@ -261,9 +240,10 @@ Status validate_forward_kvcache(const Tensor& q, const Tensor& k_cache, const Te
     params->kv_batch = static_cast<int>(k_cache.shape[0]);
     if (paged) {
       params->page_table = cache.page_table;
+      params->page_table_rows = static_cast<int>(table_rows);
       params->pages_per_batch = cache.pages_per_batch;
       params->page_size = static_cast<int>(k_cache.shape[1]);
-      params->seqlen_k = params->page_size * cache.pages_per_batch;  // slots per batch
+      params->seqlen_k = static_cast<int>(capacity);  // slots per batch
     }
     return Status{};
   };

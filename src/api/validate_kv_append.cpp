@@ -70,33 +70,13 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
 
   // The cache, as forward_kvcache takes it.
   const int64_t batch = q.shape[0];
-  const bool paged = cache.page_table != nullptr;
-  int64_t capacity = k_cache.shape[1];
-  if (paged) {
-    if (cache.cache_batch_idx != nullptr) {
-      return invalid("cache.cache_batch_idx is given with cache.page_table: a paged cache "
-                     "names each batch's pages in its page_table row instead");
-    }
-    if (k_cache.shape[1] % sm90::fwd::kPageBoxRows != 0) {
-      return unsupported("k_cache.shape[1] (page size) = ", k_cache.shape[1],
-                         ": paged caches take page sizes that are multiples of ",
-                         sm90::fwd::kPageBoxRows);
-    }
-    if (cache.pages_per_batch < 1) {
-      return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
-                     " must be at least 1 with a page_table");
-    }
-    capacity = k_cache.shape[1] * cache.pages_per_batch;
-  } else if (cache.pages_per_batch != 0) {
-    return invalid("cache.pages_per_batch = ", cache.pages_per_batch,
-                   " without a cache.page_table");
-  } else if (cache.cache_batch_idx == nullptr && k_cache.shape[0] != batch) {
-    return invalid("k_cache.shape[0] (batch) = ", k_cache.shape[0], " differs from q's ", batch,
-                   " (give cache.cache_batch_idx for a cache of its own batches)");
+  int64_t capacity = 0, table_rows = 0;
+  if (Status s = check_cache_layout(q, k_cache, cache, &capacity, &table_rows); !s.ok()) {
+    return s;
   }
-  if (capacity + a.k_new.shape[1] > INT_MAX || batch * cache.pages_per_batch > INT_MAX) {
+  if (capacity + a.k_new.shape[1] > INT_MAX) {
     return invalid("the cache's capacity (", capacity, ") plus append.k_new's rows (",
-                   a.k_new.shape[1], ") and the page table's entries must be below 2^31");
+                   a.k_new.shape[1], ") must be below 2^31");
   }
 
   // Rotary tables.
@@ -166,7 +146,7 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
                            span_of(a.v_new),
                            int_span(cache.cache_seqlens, batch),
                            int_span(cache.cache_batch_idx, batch),
-                           int_span(cache.page_table, batch * cache.pages_per_batch)};
+                           int_span(cache.page_table, table_rows * cache.pages_per_batch)};
   const char* in_names[] = {"q", "append.k_new", "append.v_new", "cache.cache_seqlens",
                             "cache.cache_batch_idx", "cache.page_table"};
   for (size_t i = 0; i < std::size(out_spans); ++i) {
@@ -206,6 +186,7 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   p->kv_rows = static_cast<int>(k_cache.shape[1]);
   p->capacity = static_cast<int>(capacity);
   p->pages_per_batch = cache.pages_per_batch;
+  p->page_table_rows = static_cast<int>(table_rows);
   p->rotary_dim = rotary ? a.rotary_dim : 0;
   p->rotary_rows = rotary ? a.rotary_rows : 0;
   p->rotary_interleaved = a.rotary_interleaved;

@@ -137,9 +137,11 @@ struct ForwardParams : DeviceFields, AttentionProblem {
   int kv_batch = 0;
   // A paged KV cache (page_table non-null, fwd/kv_cache.hpp): k and v are
   // kv_batch pages of page_size rows, seqlen_k = pages_per_batch x
-  // page_size slots per batch, batch b's pages listed in row b of
-  // page_table (device, batch x pages_per_batch).
+  // page_size slots per batch, batch b's pages listed in row
+  // cache_batch_idx[b] (b without it) of page_table (device,
+  // page_table_rows x pages_per_batch).
   const int* page_table = nullptr;
+  int page_table_rows = 0;
   int pages_per_batch = 0;
   int page_size = 0;
 };
@@ -230,7 +232,7 @@ struct KvAppendParams : DeviceFields {
   void* v_cache = nullptr;
   const int* cache_seqlens = nullptr;  // batch, device
   const int* cache_batch_idx = nullptr;
-  const int* page_table = nullptr;     // (batch, pages_per_batch), or null
+  const int* page_table = nullptr;     // (page_table_rows, pages_per_batch), or null
   int* seqlens_out = nullptr;          // batch: min(cache_seqlens + seqlen_new, capacity)
   const void* rotary_cos = nullptr;    // (rotary_rows, rotary_dim / 2), q's dtype, or null
   const void* rotary_sin = nullptr;
@@ -241,6 +243,7 @@ struct KvAppendParams : DeviceFields {
   int kv_rows = 0;          // rows per cache batch, or the page size
   int capacity = 0;         // key slots per batch
   int pages_per_batch = 0;  // paged only
+  int page_table_rows = 0;
   int rotary_dim = 0, rotary_rows = 0;
   bool rotary_interleaved = false;
   bool causal = false;  // q row i at position cache_seqlens[b] + i (else all at cache_seqlens[b])

@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kAppendThreads)
   if (s < p.seqlen_new && slot < p.capacity) {
     int cache_batch, cache_row;
     if (p.page_table != nullptr) {
-      const PageRow at = pages.page_row(b, slot);
+      const PageRow at = pages.page_row(pages.keys(b).batch, slot);
       cache_batch = at.page;
       cache_row = at.row;
     } else {
@@ -124,7 +124,10 @@ Status launch(const KvAppendParams& p, cudaStream_t stream) {
   if (p.page_table != nullptr) {
     pages.kv_batch = p.kv_batch;
     pages.capacity = p.capacity;
+    pages.seqlens = p.cache_seqlens;
+    pages.batch_idx = p.cache_batch_idx;
     pages.page_table = p.page_table;
+    pages.page_table_rows = p.page_table_rows;
     pages.pages_per_batch = p.pages_per_batch;
     pages.page_size = p.kv_rows;
     pages.by_page_size = flash3::detail::FastDivisor::of(p.kv_rows);

@@ -6,8 +6,9 @@
 //    it);
 //  - paged (page_table non-null): K and V are a pool of pages (kv_batch
 //    pages of page_size rows), and slot s is row s % page_size of page
-//    page_table[b * pages_per_batch + s / page_size]; capacity is
-//    pages_per_batch x page_size.
+//    page_table[r * pages_per_batch + s / page_size] of the table's row r =
+//    cache_batch_idx[b] (b without it); capacity is pages_per_batch x
+//    page_size.
 // The arrays live on the device, so the host cannot check them: each value is
 // clamped into the cache (a bad length, index or page gives wrong keys, never
 // an access outside K and V).
@@ -18,7 +19,7 @@
 namespace flash3::sm90::fwd {
 
 struct CacheKeys {
-  int batch;   // K/V batch (contiguous caches)
+  int batch;   // K/V batch (contiguous caches), or page table row (paged)
   int length;  // keys used, in [0, capacity]
 };
 
@@ -37,7 +38,8 @@ struct KvCacheSequences {
   const int* batch_idx = nullptr;  // batch entries, device, or null
   int kv_batch = 0;                // K/V batches, or pages of a paged cache
   int capacity = 0;                // key slots per batch
-  const int* page_table = nullptr;  // (batch, pages_per_batch), device, or null
+  const int* page_table = nullptr;  // (page_table_rows, pages_per_batch), device, or null
+  int page_table_rows = 0;
   int pages_per_batch = 0;
   int page_size = 0;
   flash3::detail::FastDivisor by_page_size;
@@ -45,18 +47,20 @@ struct KvCacheSequences {
   FLASH3_HOST_DEVICE CacheKeys keys(int b) const {
     const int length = seqlens[b];
     int kv = batch_idx != nullptr ? batch_idx[b] : b;
-    kv = kv < 0 ? 0 : (kv >= kv_batch ? kv_batch - 1 : kv);
+    const int rows = page_table != nullptr ? page_table_rows : kv_batch;
+    kv = kv < 0 ? 0 : (kv >= rows ? rows - 1 : kv);
     return {kv, length < 0 ? 0 : (length > capacity ? capacity : length)};
   }
 
   // Slot `slot` (>= 0; past the capacity in a key block's tail, whose rows
-  // the mask hides) of batch b in a paged cache. A slot past the last page
-  // stays in that page's row range only if it fits: else its row is past
-  // page_size, which the tensor map reads as zeros.
-  FLASH3_HOST_DEVICE PageRow page_row(int b, int slot) const {
+  // the mask hides) of page table row `row` (keys().batch) of a paged cache.
+  // A slot past the last page stays in that page's row range only if it
+  // fits: else its row is past page_size, which the tensor map reads as
+  // zeros.
+  FLASH3_HOST_DEVICE PageRow page_row(int row, int slot) const {
     int index = by_page_size.divide(slot);
     index = index < pages_per_batch ? index : pages_per_batch - 1;
-    int page = page_table[static_cast<long long>(b) * pages_per_batch + index];
+    int page = page_table[static_cast<long long>(row) * pages_per_batch + index];
     page = page < 0 ? 0 : (page >= kv_batch ? kv_batch - 1 : page);
     return {page, slot - index * page_size};
   }

@@ -218,8 +218,9 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   }
   if constexpr (T::kKvCache) {
     static_assert(T::kBlockN % sm90::fwd::kPageBoxRows == 0, "key blocks of whole boxes");
-    args.cache = {p.cache_seqlens, p.cache_batch_idx, p.kv_batch,       p.seqlen_k,
-                  p.page_table,    p.pages_per_batch, p.page_size,
+    args.cache = {p.cache_seqlens,      p.cache_batch_idx, p.kv_batch,
+                  p.seqlen_k,           p.page_table,      p.page_table_rows,
+                  p.pages_per_batch,    p.page_size,
                   detail::FastDivisor::of(std::max(p.page_size, 1))};
   }
 

@@ -114,7 +114,7 @@ struct Mainloop {
         } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
           if (args.cache.page_table != nullptr) {
             load_paged(&args.k, smem.k_full[c.pipe.stage], smem.k[c.pipe.stage], c.n, c.head_kv,
-                       c.work.tile.batch);
+                       c.work.k.batch);
           } else {
             load_k(c.pipe, c.n, c.head_kv, c.work.k.batch, 0);
           }
@@ -140,7 +140,7 @@ struct Mainloop {
         } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
           if (args.cache.page_table != nullptr) {
             load_paged(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage], c.n, c.head_kv,
-                       c.work.tile.batch);
+                       c.work.k.batch);
           } else {
             load_v(c.pipe, c.n, c.head_kv, c.work.k.batch, 0);
           }
@@ -216,7 +216,7 @@ struct Mainloop {
   // (the page table's entries for a block are read once per column block;
   // they stay in L1).
   __device__ void load_paged(const CUtensorMap* map, Mbarrier& full, Element* tile, int n_block,
-                             int head_kv, int batch) {
+                             int head_kv, int table_row) {
     static_assert(!T::kFp8 && !T::kClusterKv, "paged caches: 16-bit, no clusters");
     constexpr int kBoxes = kBlockN / kPageBoxRows;
     full.arrive_expect_tx(T::kKVTileBytes);
@@ -224,7 +224,7 @@ struct Mainloop {
     for (int b = 0; b < T::kColBlocks; ++b) {
 #pragma unroll
       for (int i = 0; i < kBoxes; ++i) {
-        const PageRow at = args.cache.page_row(batch, n_block * kBlockN + i * kPageBoxRows);
+        const PageRow at = args.cache.page_row(table_row, n_block * kBlockN + i * kPageBoxRows);
         tma_load(map, &full.word, tile + (b * kBlockN + i * kPageBoxRows) * kSwizzleCols,
                  b * kSwizzleCols, at.row, head_kv, at.page);
       }
