@@ -175,12 +175,23 @@ Tensor forward_workspace(const Tensor& q, const flash3::Tensor& q_d, const OnDev
   return workspace;
 }
 
-void set_workspace(const Tensor& workspace, ForwardOptions* options) {
-  if (workspace.defined()) {
-    options->workspace = workspace.data_ptr();
-    options->workspace_bytes = static_cast<size_t>(workspace.numel());
+// A forward's options (causal, the scale) with its workspace, which this
+// holds for the call.
+struct ForwardCall {
+  ForwardOptions options;
+  Tensor workspace;
+
+  ForwardCall(const Tensor& q, const flash3::Tensor& q_d, const OnDevice& on,
+              std::optional<double> softmax_scale, bool causal)
+      : workspace(forward_workspace(q, q_d, on)) {
+    options.causal = causal;
+    options.softmax_scale = scale_of(softmax_scale);
+    if (workspace.defined()) {
+      options.workspace = workspace.data_ptr();
+      options.workspace_bytes = static_cast<size_t>(workspace.numel());
+    }
   }
-}
+};
 
 // ------------------------------------------------------------ allocations
 // One function per op, run by the CUDA and the Meta kernels alike, so the fake
@@ -225,17 +236,13 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
                   const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
-  ForwardOptions options;
-  options.causal = causal;
-  options.softmax_scale = scale_of(softmax_scale);
   // In argument order (named locals: a call's arguments are evaluated in no set
   // order), so the first bad tensor is the one named.
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
   float* lse = lse_of(softmax_lse, q, device);
-  const Tensor workspace = forward_workspace(q, q_d, on);
-  set_workspace(workspace, &options);
-  raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, options, on.stream));
+  const ForwardCall call(q, q_d, on, softmax_scale, causal);
+  raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, call.options, on.stream));
 }
 
 // flash3 reads every tensor with 16-byte TMA accesses; autograd's dout may be
@@ -345,14 +352,11 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
   Fp8Descales descales{descale_of(q_descale, q_block_rows, "q_descale", q, device),
                        descale_of(k_descale, k_block_rows, "k_descale", k, device),
                        descale_of(v_descale, v_block_rows, "v_descale", v, device)};
-  ForwardOptions options;
-  options.causal = causal;
-  options.softmax_scale = scale_of(softmax_scale);
   const flash3::Tensor out_d = describe(out, "out", device);
-  const Tensor workspace = forward_workspace(q, q_d, on);
-  set_workspace(workspace, &options);
+  const ForwardCall call(q, q_d, on, softmax_scale, causal);
   raise_unless_ok(
-      forward_fp8(q_d, k_d, v_layout, out_d, lse.data_ptr<float>(), descales, options, on.stream));
+      forward_fp8(q_d, k_d, v_layout, out_d, lse.data_ptr<float>(), descales, call.options,
+                  on.stream));
   return {out, lse};
 }
 
@@ -485,13 +489,9 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
       static_cast<int>(max_seqlen_q),
       seqused_q.has_value() ? per_batch(*seqused_q, "seqused_q", batch, device) : nullptr,
       seqused_k.has_value() ? per_batch(*seqused_k, "seqused_k", batch, device) : nullptr};
-  ForwardOptions options;
-  options.causal = causal;
-  options.softmax_scale = scale_of(softmax_scale);
-  const Tensor workspace = forward_workspace(q4, q_d, on);
-  set_workspace(workspace, &options);
-  raise_unless_ok(forward_varlen(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), varlen, options,
-                                 on.stream));
+  const ForwardCall call(q4, q_d, on, softmax_scale, causal);
+  raise_unless_ok(forward_varlen(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), varlen,
+                                 call.options, on.stream));
   return {out, lse};
 }
 
@@ -547,13 +547,9 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                        v_d = describe(v_cache, "v_cache", device),
                        out_d = describe(out, "out", device);
   const KvCache cache = cache_of(q, cache_seqlens, cache_batch_idx, page_table, device);
-  ForwardOptions options;
-  options.causal = causal;
-  options.softmax_scale = scale_of(softmax_scale);
-  const Tensor workspace = forward_workspace(q, q_d, on);
-  set_workspace(workspace, &options);
-  raise_unless_ok(forward_kvcache(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), cache, options,
-                                  on.stream));
+  const ForwardCall call(q, q_d, on, softmax_scale, causal);
+  raise_unless_ok(forward_kvcache(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), cache,
+                                  call.options, on.stream));
   return {out, lse};
 }
 
