@@ -534,6 +534,16 @@ TEST(KvCacheAppend, RefusesBadArguments) {
   }
   {
     KvAppendProblem p;
+    p.append.rotary_seqlens = p.seqlens_out;
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.seqlens_out overlaps append.rotary_seqlens");
+    p.append.rotary_cos = p.append.rotary_sin = nullptr;
+    p.append.rotary_dim = 0;
+    expect_append_refused(p, Code::kInvalidArgument,
+                          "append.rotary_seqlens is given without rotary tables");
+  }
+  {
+    KvAppendProblem p;
     p.append.seqlens_out = p.seqlens;
     expect_append_refused(p, Code::kInvalidArgument,
                           "append.seqlens_out overlaps cache.cache_seqlens");

@@ -136,6 +136,7 @@ typedef struct flash3_kvcache_append_args {
   int causal;
   int* seqlens_out;
   int page_table_rows;
+  const int* rotary_seqlens; /* optional: rotary positions from rotary_seqlens[b] */
 } flash3_kvcache_append_args;
 
 /* Appends new keys and values to a KV cache and rotates q, enqueued on `stream`. */

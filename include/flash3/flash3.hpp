@@ -177,6 +177,10 @@ struct KvCacheAppend {
   int rotary_dim = 0;
   bool rotary_interleaved = false;
   bool causal = false;
+  // Optional (int32, device, batch entries): the rotary positions start at
+  // rotary_seqlens[b] instead of cache_seqlens[b] (FlashAttention-3's
+  // rotary_seqlens); positions are clamped into the tables.
+  const int* rotary_seqlens = nullptr;
   // Outputs: q rotated (like q; required with rotary, else unused) and each
   // batch's new length, min(cache_seqlens[b] + seqlen_new, capacity) (int32,
   // device, batch entries; required): forward_kvcache's cache_seqlens next.

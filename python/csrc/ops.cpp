@@ -574,7 +574,8 @@ std::tuple<Tensor, Tensor> kvcache_append_cuda(
     const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k,
     const Tensor& v, const Tensor& cache_seqlens, const std::optional<Tensor>& cache_batch_idx,
     const std::optional<Tensor>& page_table, const std::optional<Tensor>& rotary_cos,
-    const std::optional<Tensor>& rotary_sin, bool rotary_interleaved, bool causal) {
+    const std::optional<Tensor>& rotary_sin, bool rotary_interleaved, bool causal,
+    const std::optional<Tensor>& rotary_seqlens) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   const bool rotary = rotary_cos.has_value() || rotary_sin.has_value();
@@ -601,6 +602,9 @@ std::tuple<Tensor, Tensor> kvcache_append_cuda(
     append.rotary_rows = static_cast<int>(rotary_cos->size(0));
     append.rotary_dim = static_cast<int>(rotary_cos->size(1) * 2);
     append.q_rotated = describe(q_rotated, "q_rotated", device);
+    if (rotary_seqlens.has_value()) {
+      append.rotary_seqlens = per_batch(*rotary_seqlens, "rotary_seqlens", q.size(0), device);
+    }
   }
   const KvCache cache = cache_of(q, cache_seqlens, cache_batch_idx, page_table, device);
   raise_unless_ok(kvcache_append(describe(q, "q", device), describe(k_cache, "k_cache", device),
@@ -611,7 +615,8 @@ std::tuple<Tensor, Tensor> kvcache_append_cuda(
 std::tuple<Tensor, Tensor> kvcache_append_meta(
     const Tensor& q, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
     const Tensor& cache_seqlens, const std::optional<Tensor>&, const std::optional<Tensor>&,
-    const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>&, bool, bool) {
+    const std::optional<Tensor>& rotary_cos, const std::optional<Tensor>&, bool, bool,
+    const std::optional<Tensor>&) {
   return kvcache_append_outputs(q, cache_seqlens, rotary_cos.has_value());
 }
 
@@ -814,7 +819,7 @@ TORCH_LIBRARY(flash3, m) {
   m.def("kvcache_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
         "Tensor cache_seqlens, Tensor? cache_batch_idx=None, Tensor? page_table=None, "
         "Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=False, "
-        "bool causal=False) -> (Tensor q_rotated, Tensor seqlens)");
+        "bool causal=False, Tensor? rotary_seqlens=None) -> (Tensor q_rotated, Tensor seqlens)");
   m.def("combine(Tensor out_partial, Tensor lse_partial, ScalarType? out_dtype=None) "
         "-> (Tensor out, Tensor softmax_lse)");
 }

@@ -98,6 +98,7 @@ class KvCacheAppendArgs(ctypes.Structure):
         ("causal", ctypes.c_int),
         ("seqlens_out", ctypes.POINTER(ctypes.c_int)),
         ("page_table_rows", ctypes.c_int),
+        ("rotary_seqlens", ctypes.POINTER(ctypes.c_int)),
     ]
 
 

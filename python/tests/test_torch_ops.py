@@ -235,8 +235,7 @@ def test_varlen_backward_is_refused_by_name():
         out.float().sum().backward()
 
 
-@pytest.mark.parametrize("name", ["cache_leftpad", "cu_seqlens_q", "cu_seqlens_k_new", "rotary_seqlens",
-                                  "q_descale"])
+@pytest.mark.parametrize("name", ["cache_leftpad", "cu_seqlens_q", "cu_seqlens_k_new", "q_descale"])
 def test_kvcache_arguments_not_implemented_yet_raise_by_name(name):
     q = torch.empty(2, 1, 8, 128, device="meta", dtype=torch.bfloat16)
     cache = torch.empty(2, 64, 2, 128, device="meta", dtype=torch.bfloat16)
@@ -384,6 +383,13 @@ def test_kvcache_append_with_rotary(paged, interleaved, causal):
                                             None, None, cos, sin, interleaved, causal)
     torch.testing.assert_close(q_rotated, q_want, atol=1e-2, rtol=1e-2)
     assert seqlens.tolist() == (lengths + seqlen_new).tolist()
+    # rotary_seqlens: the rotary positions from another start (here 7 for every batch).
+    starts = torch.full_like(lengths, 7)
+    q_rotated, _ = ops.kvcache_append(q, k_want.clone(), v_want.clone(), k_new, v_new, lengths, None, None,
+                                      cos, sin, interleaved, causal, starts)
+    from_7 = starts.unsqueeze(1) + (torch.arange(seqlen_new, device="cuda", dtype=torch.int32) if causal else 0)
+    torch.testing.assert_close(q_rotated, _rotate(q, cos, sin, from_7.expand(-1, seqlen_new), interleaved)
+                               .to(torch.bfloat16), atol=1e-2, rtol=1e-2)
 
 
 # ---------------------------------------------------------------- combine

@@ -111,6 +111,7 @@ flash3_status flash3_kvcache_append(const flash3_kvcache_append_args* args, cuda
   append.causal = args->causal != 0;
   append.q_rotated = to_cpp(args->q_rotated);
   append.seqlens_out = args->seqlens_out;
+  append.rotary_seqlens = args->rotary_seqlens;
   return finish(flash3::kvcache_append(to_cpp(args->q), to_cpp(args->k_cache),
                                        to_cpp(args->v_cache), cache, append, stream));
 }

@@ -172,7 +172,8 @@ Status check_pointers(const char* call, const KvAppendParams& p) {
                              {"cache.page_table", p.page_table},
                              {"append.seqlens_out", p.seqlens_out},
                              {"append.rotary_cos", p.rotary_cos},
-                             {"append.rotary_sin", p.rotary_sin}});
+                             {"append.rotary_sin", p.rotary_sin},
+                             {"append.rotary_seqlens", p.rotary_seqlens}});
 }
 
 Status check_pointers(const char* call, const QuantizeParams& p) {

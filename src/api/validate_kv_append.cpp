@@ -125,7 +125,11 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   if (cache.cache_seqlens == nullptr) {
     return invalid("cache.cache_seqlens is null");
   }
+  if (a.rotary_seqlens != nullptr && !rotary) {
+    return invalid("append.rotary_seqlens is given without rotary tables");
+  }
   const std::pair<const char*, const int*> arrays[] = {
+      {"append.rotary_seqlens", a.rotary_seqlens},
       {"cache.cache_seqlens", cache.cache_seqlens},
       {"cache.cache_batch_idx", cache.cache_batch_idx},
       {"cache.page_table", cache.page_table},
@@ -146,9 +150,10 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
                            span_of(a.v_new),
                            int_span(cache.cache_seqlens, batch),
                            int_span(cache.cache_batch_idx, batch),
-                           int_span(cache.page_table, table_rows * cache.pages_per_batch)};
+                           int_span(cache.page_table, table_rows * cache.pages_per_batch),
+                           int_span(a.rotary_seqlens, batch)};
   const char* in_names[] = {"q", "append.k_new", "append.v_new", "cache.cache_seqlens",
-                            "cache.cache_batch_idx", "cache.page_table"};
+                            "cache.cache_batch_idx", "cache.page_table", "append.rotary_seqlens"};
   for (size_t i = 0; i < std::size(out_spans); ++i) {
     for (size_t j = 0; j < std::size(in_spans); ++j) {
       if (intersect(out_spans[i], in_spans[j])) {
@@ -175,6 +180,7 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   p->seqlens_out = a.seqlens_out;
   p->rotary_cos = rotary ? a.rotary_cos : nullptr;
   p->rotary_sin = rotary ? a.rotary_sin : nullptr;
+  p->rotary_seqlens = a.rotary_seqlens;
   p->dtype = q.dtype;
   p->batch = static_cast<int>(batch);
   p->seqlen_q = static_cast<int>(q.shape[1]);

@@ -236,6 +236,7 @@ struct KvAppendParams : DeviceFields {
   int* seqlens_out = nullptr;          // batch: min(cache_seqlens + seqlen_new, capacity)
   const void* rotary_cos = nullptr;    // (rotary_rows, rotary_dim / 2), q's dtype, or null
   const void* rotary_sin = nullptr;
+  const int* rotary_seqlens = nullptr;  // batch: the rotary positions' start, or null (cached)
 
   DType dtype = DType::kBFloat16;
   int batch = 0, seqlen_q = 0, seqlen_new = 0, heads_q = 0, heads_k = 0, headdim = 0;

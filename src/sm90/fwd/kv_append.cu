@@ -10,7 +10,8 @@
 // partner too; both come from L1). Row s of k_new sits at position
 // cache_seqlens[b] + s; query row s at cache_seqlens[b] + s when causal, else
 // at cache_seqlens[b] (FlashAttention's convention: the new queries of a
-// non-causal call all sit right after the cache). Device arrays are clamped
+// non-causal call all sit right after the cache); rotary_seqlens[b] replaces
+// cache_seqlens[b] in these positions when given. Device arrays are clamped
 // as the attention kernels clamp them: a slot past the capacity is not
 // written, a bad batch index or page stays inside the cache.
 #include <cuda_runtime_api.h>
@@ -71,6 +72,9 @@ __global__ void __launch_bounds__(kAppendThreads)
                                p.rotary_rows, p.rotary_interleaved};
   const int d = p.headdim;
 
+  // Rotary positions start after the cache, or at rotary_seqlens[b].
+  const int start = p.rotary_seqlens != nullptr ? p.rotary_seqlens[b] : cached;
+
   // The new key and value of row s, into slot cached + s of the cache.
   const int slot = cached + s;
   if (s < p.seqlen_new && slot < p.capacity) {
@@ -92,7 +96,7 @@ __global__ void __launch_bounds__(kAppendThreads)
       const int h = e / d, j = e % d;
       const Element* k_row = k_new + p.k_new_stride.offset(b, s, h);
       k_cache[p.k_cache_stride.offset(cache_batch, cache_row, h) + j] =
-          Element(rotary.at(k_row, j, slot));
+          Element(rotary.at(k_row, j, start + s));
       v_cache[p.v_cache_stride.offset(cache_batch, cache_row, h) + j] =
           v_new[p.v_new_stride.offset(b, s, h) + j];
     }
@@ -100,7 +104,7 @@ __global__ void __launch_bounds__(kAppendThreads)
 
   // Query row s, rotated to its position.
   if (p.q_rotated != nullptr && s < p.seqlen_q) {
-    const int position = p.causal ? cached + s : cached;
+    const int position = p.causal ? start + s : start;
     const Element* q = static_cast<const Element*>(p.q);
     Element* q_rotated = static_cast<Element*>(p.q_rotated);
     for (int e = threadIdx.x; e < p.heads_q * d; e += kAppendThreads) {
