@@ -165,5 +165,16 @@ TEST_F(ForwardVarlen, OneLongAndManyShortSequences) {
   expect_varlen_matches_reference({DType::kBFloat16, 128, true, lengths, lengths});
 }
 
+// Small cases for compute-sanitizer: --gtest_filter='SanitizeForward*'.
+class SanitizeForwardVarlen : public HopperTest {};
+
+TEST_F(SanitizeForwardVarlen, Bf16D128RaggedCausal) {
+  expect_varlen_matches_reference({DType::kBFloat16, 128, true, {17, 0, 300, 129}, {40, 5, 300, 7}});
+}
+
+TEST_F(SanitizeForwardVarlen, Fp16D256RaggedGqa) {
+  expect_varlen_matches_reference({DType::kFloat16, 256, false, {1, 200, 0}, {90, 0, 257}, 8, 2});
+}
+
 }  // namespace
 }  // namespace flash3::test
