@@ -70,6 +70,35 @@ Reference attention_forward_varlen(const VarlenShape& shape, const std::vector<f
   return r;
 }
 
+std::vector<float> attention_forward_varlen_plain(HalfType type, const VarlenShape& shape,
+                                                  const std::vector<float>& q,
+                                                  const std::vector<float>& k,
+                                                  const std::vector<float>& v,
+                                                  float softmax_scale, bool causal) {
+  check_cu_seqlens(shape.cu_seqlens_q);
+  check_cu_seqlens(shape.cu_seqlens_k);
+  const size_t q_row = static_cast<size_t>(shape.heads_q) * shape.headdim;
+  const size_t kv_row = static_cast<size_t>(shape.heads_k) * shape.headdim;
+  require(q.size() == shape.total_q() * q_row, "q does not match the varlen shape");
+  require(k.size() == shape.total_k() * kv_row && v.size() == k.size(),
+          "k or v does not match the varlen shape");
+  std::vector<float> out(q.size(), 0.0f);
+  for (int b = 0; b < shape.batch(); ++b) {
+    const int q0 = shape.cu_seqlens_q[b], k0 = shape.cu_seqlens_k[b];
+    const int lq = shape.cu_seqlens_q[b + 1] - q0, lk = shape.cu_seqlens_k[b + 1] - k0;
+    if (lq == 0 || lk == 0) {
+      continue;  // no rows, or rows that see no key: zeros
+    }
+    const Shape s{1, lq, lk, shape.heads_q, shape.heads_k, shape.headdim};
+    const std::vector<float> qs(q.begin() + q0 * q_row, q.begin() + (q0 + lq) * q_row);
+    const std::vector<float> ks(k.begin() + k0 * kv_row, k.begin() + (k0 + lk) * kv_row);
+    const std::vector<float> vs(v.begin() + k0 * kv_row, v.begin() + (k0 + lk) * kv_row);
+    const std::vector<float> p = attention_forward_plain(type, s, qs, ks, vs, softmax_scale, causal);
+    std::copy(p.begin(), p.end(), out.begin() + q0 * q_row);
+  }
+  return out;
+}
+
 std::vector<float> gather_pages(const std::vector<float>& pool, int page_size, int heads_k,
                                 int headdim, const std::vector<int>& page_table, int max_pages,
                                 const std::vector<int>& seqlens, int max_seqlen) {

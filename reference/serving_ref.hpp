@@ -37,6 +37,15 @@ Reference attention_forward_varlen(const VarlenShape& shape, const std::vector<f
                                    const std::vector<float>& k, const std::vector<float>& v,
                                    double softmax_scale, bool causal);
 
+// attention_forward_plain (fp16/bf16 arithmetic) on each sequence on its own,
+// packed like q: the same-dtype computation of the tolerance rule. Rows of a
+// sequence without keys are zero.
+std::vector<float> attention_forward_varlen_plain(HalfType type, const VarlenShape& shape,
+                                                  const std::vector<float>& q,
+                                                  const std::vector<float>& k,
+                                                  const std::vector<float>& v,
+                                                  float softmax_scale, bool causal);
+
 // The contiguous cache (batch, max_seqlen, heads_k, headdim) of a paged one:
 // pool (num_pages, page_size, heads_k, headdim); page_table (batch,
 // max_pages) row-major; batch = seqlens.size(). Key j of sequence b is row

@@ -129,6 +129,34 @@ void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
+std::vector<float> random_halves(ref::HalfType type, size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> x(n);
+  for (float& value : x) {
+    value = ref::round_to(type, normal(rng));
+  }
+  return x;
+}
+
+void upload_halves(void* dst, ref::HalfType type, const std::vector<float>& x, const char* what) {
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    bits[i] = ref::float_to_half(type, x[i]);
+  }
+  check_cuda(cudaMemcpy(dst, bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), what);
+}
+
+std::vector<float> download_halves(const void* src, ref::HalfType type, size_t n,
+                                   const char* what) {
+  std::vector<uint16_t> bits(n);
+  check_cuda(cudaMemcpy(bits.data(), src, n * 2, cudaMemcpyDeviceToHost), what);
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = ref::half_to_float(type, bits[i]);
+  }
+  return x;
+}
+
 Placement place(const ForwardCase& c) {
   const ref::Shape& s = c.shape;
   Placement p;

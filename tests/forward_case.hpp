@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,15 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
 };
+
+// n normal values rounded to `type` (fresh random inputs of the serving tests).
+std::vector<float> random_halves(ref::HalfType type, size_t n, std::mt19937_64& rng);
+
+// x as fp16/bf16 bits into device memory at dst; n fp16/bf16 values at src
+// back as floats.
+void upload_halves(void* dst, ref::HalfType type, const std::vector<float>& x, const char* what);
+std::vector<float> download_halves(const void* src, ref::HalfType type, size_t n,
+                                   const char* what);
 
 // What the device holds after a call.
 struct Output {

@@ -54,14 +54,7 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   const int kv_batch = c.batch_idx.empty() ? batch : c.kv_batch;
   const int d = c.headdim;
   std::mt19937_64 rng(99 + d + 3 * c.seqlen_q + 5 * c.causal);
-  std::normal_distribution<float> normal;
-  const auto draw = [&](size_t n) {
-    std::vector<float> x(n);
-    for (float& value : x) {
-      value = ref::round_to(type, normal(rng));
-    }
-    return x;
-  };
+  const auto draw = [&](size_t n) { return random_halves(type, n, rng); };
   const size_t q_row = static_cast<size_t>(c.heads_q) * d, kv_row = static_cast<size_t>(c.heads_k) * d;
   const size_t q_elems = static_cast<size_t>(batch) * c.seqlen_q * q_row;
   const size_t cache_elems = static_cast<size_t>(kv_batch) * c.capacity * kv_row;
@@ -86,29 +79,9 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const ref::Reference expected =
       ref::attention_forward_varlen(shape, q, k_used, v_used, scale, c.causal);
-  std::vector<float> plain(q_elems, 0.0f);  // same-dtype arithmetic, for the tolerance rule
-  for (int b = 0; b < batch; ++b) {
-    const int lk = c.seqlens[b], k0 = shape.cu_seqlens_k[b];
-    if (lk == 0) {
-      continue;  // no keys: zero rows either way
-    }
-    const size_t q0 = static_cast<size_t>(b) * c.seqlen_q * q_row;
-    const std::vector<float> qs(q.begin() + q0, q.begin() + q0 + c.seqlen_q * q_row);
-    const std::vector<float> ks(k_used.begin() + k0 * kv_row, k_used.begin() + (k0 + lk) * kv_row);
-    const std::vector<float> vs(v_used.begin() + k0 * kv_row, v_used.begin() + (k0 + lk) * kv_row);
-    const ref::Shape one{1, c.seqlen_q, lk, c.heads_q, c.heads_k, d};
-    const std::vector<float> p =
-        ref::attention_forward_plain(type, one, qs, ks, vs, static_cast<float>(scale), c.causal);
-    std::copy(p.begin(), p.end(), plain.begin() + q0);
-  }
-
-  const auto upload = [&](DeviceBuffer& dst, const std::vector<float>& x, const char* what) {
-    std::vector<uint16_t> bits(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      bits[i] = ref::float_to_half(type, x[i]);
-    }
-    check_cuda(cudaMemcpy(dst.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice), what);
-  };
+  // Same-dtype arithmetic, for the tolerance rule.
+  const std::vector<float> plain = ref::attention_forward_varlen_plain(
+      type, shape, q, k_used, v_used, static_cast<float>(scale), c.causal);
   const size_t lse_elems = static_cast<size_t>(batch) * c.heads_q * c.seqlen_q;
   // Paged: batch b's page i of the logical cache above goes to pool page
   // page_table[b][i], a shuffle of more pages than the batches use (the rest
@@ -120,7 +93,7 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   const size_t pool_elems = paged ? num_pages * page_elems : cache_elems;
   DeviceBuffer d_q(q_elems * 2), d_k(pool_elems * 2), d_v(pool_elems * 2), d_out(q_elems * 2),
       d_lse(lse_elems * 4), d_seqlens(sizeof(int) * batch), d_idx(sizeof(int) * batch);
-  upload(d_q, q, "q");
+  upload_halves(d_q.get(), type, q, "q");
   std::vector<int> page_table(static_cast<size_t>(kv_batch) * pages_per_batch);
   if (paged) {
     std::vector<int> perm(num_pages);
@@ -138,11 +111,11 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
                   v_pool.begin() + page * page_elems);
       }
     }
-    upload(d_k, k_pool, "k pool");
-    upload(d_v, v_pool, "v pool");
+    upload_halves(d_k.get(), type, k_pool, "k pool");
+    upload_halves(d_v.get(), type, v_pool, "v pool");
   } else {
-    upload(d_k, k_cache, "k_cache");
-    upload(d_v, v_cache, "v_cache");
+    upload_halves(d_k.get(), type, k_cache, "k_cache");
+    upload_halves(d_v.get(), type, v_cache, "v_cache");
   }
   DeviceBuffer d_pages(sizeof(int) * std::max<size_t>(page_table.size(), 1));
   if (paged) {
@@ -175,12 +148,7 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   }
   ASSERT_TRUE(s.ok()) << s.message;
   check_cuda(cudaDeviceSynchronize(), "forward_kvcache");
-  std::vector<uint16_t> bits(q_elems);
-  check_cuda(cudaMemcpy(bits.data(), d_out.get(), q_elems * 2, cudaMemcpyDeviceToHost), "out");
-  std::vector<float> got(q_elems);
-  for (size_t i = 0; i < q_elems; ++i) {
-    got[i] = ref::half_to_float(type, bits[i]);
-  }
+  const std::vector<float> got = download_halves(d_out.get(), type, q_elems, "out");
   const ref::Verdict out_verdict = ref::check_output(got, plain, expected.out);
   EXPECT_TRUE(out_verdict.ok) << out_verdict.message;
   // flash3's (batch, heads_q, seqlen_q) against the reference's (heads_q, total_q).

@@ -48,58 +48,26 @@ void expect_varlen_matches_reference(const VarlenCase& c) {
   shape.headdim = c.headdim;
   const int total_q = shape.total_q(), total_k = shape.total_k(), batch = shape.batch();
   std::mt19937_64 rng(1234 + c.headdim + 7 * c.causal);
-  std::normal_distribution<float> normal;
-  const auto draw = [&](size_t n) {
-    std::vector<float> x(n);
-    for (float& value : x) {
-      value = ref::round_to(type, normal(rng));
-    }
-    return x;
-  };
   const size_t q_elems = static_cast<size_t>(total_q) * c.heads_q * c.headdim;
   const size_t kv_elems = static_cast<size_t>(total_k) * c.heads_k * c.headdim;
-  const std::vector<float> q = draw(q_elems), k = draw(kv_elems), v = draw(kv_elems);
+  const std::vector<float> q = random_halves(type, q_elems, rng),
+                           k = random_halves(type, kv_elems, rng),
+                           v = random_halves(type, kv_elems, rng);
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.headdim));
   const ref::Reference expected =
       ref::attention_forward_varlen(shape, q, k, v, scale, c.causal);
   // The plain same-dtype result, sequence by sequence, for the tolerance rule.
-  std::vector<float> plain(q_elems, 0.0f);
-  for (int b = 0; b < batch; ++b) {
-    const int q0 = shape.cu_seqlens_q[b], lq = c.seqlens_q[b];
-    const int k0 = shape.cu_seqlens_k[b], lk = c.seqlens_k[b];
-    if (lq == 0) {
-      continue;
-    }
-    const size_t qrow = static_cast<size_t>(c.heads_q) * c.headdim;
-    const size_t krow = static_cast<size_t>(c.heads_k) * c.headdim;
-    const std::vector<float> qs(q.begin() + q0 * qrow, q.begin() + (q0 + lq) * qrow);
-    std::vector<float> ks(k.begin() + k0 * krow, k.begin() + (k0 + lk) * krow);
-    std::vector<float> vs(v.begin() + k0 * krow, v.begin() + (k0 + lk) * krow);
-    if (lk == 0) {  // a sequence without keys: its rows are zero either way
-      continue;
-    }
-    const ref::Shape one{1, lq, lk, c.heads_q, c.heads_k, c.headdim};
-    const std::vector<float> p =
-        ref::attention_forward_plain(type, one, qs, ks, vs, static_cast<float>(scale), c.causal);
-    std::copy(p.begin(), p.end(), plain.begin() + q0 * qrow);
-  }
+  const std::vector<float> plain = ref::attention_forward_varlen_plain(
+      type, shape, q, k, v, static_cast<float>(scale), c.causal);
 
-  const auto upload = [&](const std::vector<float>& x) {
-    std::vector<uint16_t> bits(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      bits[i] = ref::float_to_half(type, x[i]);
-    }
-    return bits;
-  };
   // One padding row each side of out, to see that nothing outside is written.
   const size_t row = static_cast<size_t>(c.heads_q) * c.headdim;
   DeviceBuffer d_q(q_elems * 2 + 16), d_k(kv_elems * 2 + 16), d_v(kv_elems * 2 + 16),
       d_out((q_elems + 2 * row) * 2), d_lse(static_cast<size_t>(c.heads_q) * total_q * 4 + 4),
       d_cu_q(sizeof(int) * (batch + 1)), d_cu_k(sizeof(int) * (batch + 1));
-  const std::vector<uint16_t> hq = upload(q), hk = upload(k), hv = upload(v);
-  check_cuda(cudaMemcpy(d_q.get(), hq.data(), hq.size() * 2, cudaMemcpyHostToDevice), "q");
-  check_cuda(cudaMemcpy(d_k.get(), hk.data(), hk.size() * 2, cudaMemcpyHostToDevice), "k");
-  check_cuda(cudaMemcpy(d_v.get(), hv.data(), hv.size() * 2, cudaMemcpyHostToDevice), "v");
+  upload_halves(d_q.get(), type, q, "q");
+  upload_halves(d_k.get(), type, k, "k");
+  upload_halves(d_v.get(), type, v, "v");
   check_cuda(cudaMemset(d_out.get(), 0xFF, (q_elems + 2 * row) * 2), "poison out");
   check_cuda(cudaMemset(d_lse.get(), 0xFF, static_cast<size_t>(c.heads_q) * total_q * 4), "lse");
   check_cuda(cudaMemcpy(d_cu_q.get(), shape.cu_seqlens_q.data(), sizeof(int) * (batch + 1),

@@ -347,6 +347,21 @@ void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor&
   p->workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
 }
 
+Status check_index_array(const IndexArray& a) {
+  if (a.data == nullptr) {
+    return a.required ? invalid(a.name, " is null") : Status{};
+  }
+  if (reinterpret_cast<uintptr_t>(a.data) % alignof(int) != 0) {
+    return invalid(a.name, " is not 4-byte aligned");
+  }
+  return Status{};
+}
+
+Span span_of(const IndexArray& a) {
+  const uint64_t lo = reinterpret_cast<uintptr_t>(a.data);
+  return a.data == nullptr ? Span{} : Span{lo, lo + static_cast<uint64_t>(a.count) * sizeof(int)};
+}
+
 Status check_cache_layout(const Tensor& q, const Tensor& k_cache, const KvCache& cache,
                           int64_t* capacity, int64_t* table_rows) {
   const int64_t batch = q.shape[0];

@@ -144,6 +144,20 @@ Status check_out_and_heads(const Tensor& q, const Tensor& k, const Tensor& out);
 // softmax_lse (optional) aligned, the scale, the number of lse rows.
 Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options);
 
+// An int32 device array a call reads or writes (varlen offsets, cache
+// lengths, page tables): `count` entries at data, which may be null unless
+// `required`.
+struct IndexArray {
+  const char* name;
+  const int* data;
+  int64_t count;
+  bool required;
+};
+// Null (an error where required) or 4-byte aligned.
+Status check_index_array(const IndexArray& a);
+// Its bytes; empty when null.
+Span span_of(const IndexArray& a);
+
 // A KV cache's layout as forward_kvcache and kvcache_append take it
 // (flash3.hpp: KvCache): contiguous k_cache with q's batches (or any with
 // cache_batch_idx), or a paged pool with its page table. On success sets

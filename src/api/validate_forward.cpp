@@ -125,18 +125,10 @@ Status validate_forward_workspace_size(const Tensor& q, size_t* bytes) {
 
 namespace {
 
-// A device array of int32 a kernel reads while it writes out, softmax_lse
-// and the workspace (varlen offsets, cache lengths): 4-byte aligned and
-// apart from all three, since a store into it mid-kernel could make the
-// producer and the consumers see different work (a hang). Null is refused
-// where `required`.
-struct IndexArray {
-  const char* name;
-  const int* data;
-  int64_t count;
-  bool required;
-};
-
+// Device arrays of int32 a kernel reads while it writes out, softmax_lse
+// and the workspace (varlen offsets, cache lengths): each apart from all
+// three, since a store into it mid-kernel could make the producer and the
+// consumers see different work (a hang).
 Status check_index_arrays(std::initializer_list<IndexArray> arrays, const Tensor& q,
                           const Tensor& out, const float* softmax_lse,
                           const ForwardOptions& options) {
@@ -148,19 +140,11 @@ Status check_index_arrays(std::initializer_list<IndexArray> arrays, const Tensor
                  reinterpret_cast<uintptr_t>(options.workspace) + options.workspace_bytes}};
   const char* written_names[] = {"out", "softmax_lse", "options.workspace"};
   for (const IndexArray& a : arrays) {
-    if (a.data == nullptr) {
-      if (a.required) {
-        return invalid(a.name, " is null");
-      }
-      continue;
+    if (Status s = check_index_array(a); !s.ok()) {
+      return s;
     }
-    if (reinterpret_cast<uintptr_t>(a.data) % alignof(int) != 0) {
-      return invalid(a.name, " is not 4-byte aligned");
-    }
-    const uint64_t lo = reinterpret_cast<uintptr_t>(a.data);
-    const Span span{lo, lo + static_cast<uint64_t>(a.count) * sizeof(int)};
     for (size_t i = 0; i < std::size(written); ++i) {
-      if (intersect(span, written[i])) {
+      if (intersect(span_of(a), written[i])) {
         return invalid(a.name, " overlaps ", written_names[i],
                        "; the call writes there while its kernels read it");
       }

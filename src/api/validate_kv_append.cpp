@@ -12,12 +12,6 @@ namespace {
 
 using namespace validation;
 
-// An int32 device array's bytes.
-Span int_span(const int* data, int64_t count) {
-  const uint64_t lo = reinterpret_cast<uintptr_t>(data);
-  return data == nullptr ? Span{} : Span{lo, lo + static_cast<uint64_t>(count) * sizeof(int)};
-}
-
 Status check_same_shape(const char* name, const Tensor& t, const char* like, const Tensor& u) {
   for (int i = 0; i < 4; ++i) {
     if (t.shape[i] != u.shape[i]) {
@@ -117,41 +111,33 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
     return invalid("append.rotary_dim = ", a.rotary_dim, " without rotary tables");
   }
 
-  // Device arrays: read (cache_seqlens, cache_batch_idx, page_table) and
-  // written (seqlens_out).
-  if (a.seqlens_out == nullptr) {
-    return invalid("append.seqlens_out is null");
-  }
-  if (cache.cache_seqlens == nullptr) {
-    return invalid("cache.cache_seqlens is null");
-  }
+  // Device arrays: read (cache_seqlens, cache_batch_idx, page_table,
+  // rotary_seqlens) and written (seqlens_out).
   if (a.rotary_seqlens != nullptr && !rotary) {
     return invalid("append.rotary_seqlens is given without rotary tables");
   }
-  const std::pair<const char*, const int*> arrays[] = {
-      {"append.rotary_seqlens", a.rotary_seqlens},
-      {"cache.cache_seqlens", cache.cache_seqlens},
-      {"cache.cache_batch_idx", cache.cache_batch_idx},
-      {"cache.page_table", cache.page_table},
-      {"append.seqlens_out", a.seqlens_out}};
-  for (const auto& [name, data] : arrays) {
-    if (reinterpret_cast<uintptr_t>(data) % alignof(int) != 0) {
-      return invalid(name, " is not 4-byte aligned");
+  const IndexArray seqlens_out{"append.seqlens_out", a.seqlens_out, batch, true};
+  const IndexArray read[] = {
+      {"cache.cache_seqlens", cache.cache_seqlens, batch, true},
+      {"append.rotary_seqlens", a.rotary_seqlens, batch, false},
+      {"cache.cache_batch_idx", cache.cache_batch_idx, batch, false},
+      {"cache.page_table", cache.page_table, table_rows * cache.pages_per_batch, false}};
+  if (Status s = check_index_array(seqlens_out); !s.ok()) {
+    return s;
+  }
+  for (const IndexArray& array : read) {
+    if (Status s = check_index_array(array); !s.ok()) {
+      return s;
     }
   }
 
   // What the kernel writes must not overlap anything it reads (or writes).
   const Span out_spans[] = {span_of(k_cache), span_of(v_cache),
-                            rotary ? span_of(a.q_rotated) : Span{},
-                            int_span(a.seqlens_out, batch)};
+                            rotary ? span_of(a.q_rotated) : Span{}, span_of(seqlens_out)};
   const char* out_names[] = {"k_cache", "v_cache", "append.q_rotated", "append.seqlens_out"};
-  const Span in_spans[] = {span_of(q),
-                           span_of(a.k_new),
-                           span_of(a.v_new),
-                           int_span(cache.cache_seqlens, batch),
-                           int_span(cache.cache_batch_idx, batch),
-                           int_span(cache.page_table, table_rows * cache.pages_per_batch),
-                           int_span(a.rotary_seqlens, batch)};
+  const Span in_spans[] = {span_of(q),       span_of(a.k_new),   span_of(a.v_new),
+                           span_of(read[0]), span_of(read[2]),   span_of(read[3]),
+                           span_of(read[1])};
   const char* in_names[] = {"q", "append.k_new", "append.v_new", "cache.cache_seqlens",
                             "cache.cache_batch_idx", "cache.page_table", "append.rotary_seqlens"};
   for (size_t i = 0; i < std::size(out_spans); ++i) {
