@@ -99,6 +99,76 @@ std::vector<float> attention_forward_varlen_plain(HalfType type, const VarlenSha
   return out;
 }
 
+namespace {
+
+// Calls f(b, shape of sequence b as a batch of one, its q/out rows' first
+// element, its k/v rows' first element) for every sequence with queries and
+// keys, after checking the packed sizes.
+template <class F>
+void for_each_sequence(const VarlenShape& shape, size_t q_size, size_t k_size, size_t v_size,
+                       F&& f) {
+  check_cu_seqlens(shape.cu_seqlens_q);
+  check_cu_seqlens(shape.cu_seqlens_k);
+  require(shape.cu_seqlens_q.size() == shape.cu_seqlens_k.size(),
+          "cu_seqlens_q and cu_seqlens_k must have the same length");
+  const size_t q_row = static_cast<size_t>(shape.heads_q) * shape.headdim;
+  const size_t kv_row = static_cast<size_t>(shape.heads_k) * shape.headdim;
+  require(q_size == shape.total_q() * q_row, "q does not match the varlen shape");
+  require(k_size == shape.total_k() * kv_row && v_size == k_size,
+          "k or v does not match the varlen shape");
+  for (int b = 0; b < shape.batch(); ++b) {
+    const int q0 = shape.cu_seqlens_q[b], k0 = shape.cu_seqlens_k[b];
+    const int lq = shape.cu_seqlens_q[b + 1] - q0, lk = shape.cu_seqlens_k[b + 1] - k0;
+    if (lq > 0 && lk > 0) {
+      f(Shape{1, lq, lk, shape.heads_q, shape.heads_k, shape.headdim}, q0 * q_row, k0 * kv_row);
+    }
+  }
+}
+
+std::vector<float> slice(const std::vector<float>& x, size_t begin, size_t size) {
+  return std::vector<float>(x.begin() + begin, x.begin() + begin + size);
+}
+
+}  // namespace
+
+Gradients attention_backward_varlen(const VarlenShape& shape, const std::vector<float>& q,
+                                    const std::vector<float>& k, const std::vector<float>& v,
+                                    const std::vector<float>& dout, double softmax_scale,
+                                    bool causal) {
+  require(dout.size() == q.size(), "dout must be shaped like q");
+  Gradients g{std::vector<double>(q.size()), std::vector<double>(k.size()),
+              std::vector<double>(v.size())};
+  for_each_sequence(shape, q.size(), k.size(), v.size(), [&](const Shape& s, size_t qa, size_t ka) {
+    const Gradients seq = attention_backward(s, slice(q, qa, s.q_size()), slice(k, ka, s.kv_size()),
+                                             slice(v, ka, s.kv_size()), slice(dout, qa, s.q_size()),
+                                             softmax_scale, causal);
+    std::copy(seq.dq.begin(), seq.dq.end(), g.dq.begin() + qa);
+    std::copy(seq.dk.begin(), seq.dk.end(), g.dk.begin() + ka);
+    std::copy(seq.dv.begin(), seq.dv.end(), g.dv.begin() + ka);
+  });
+  return g;
+}
+
+PlainGradients attention_backward_varlen_plain(HalfType type, const VarlenShape& shape,
+                                               const std::vector<float>& q,
+                                               const std::vector<float>& k,
+                                               const std::vector<float>& v,
+                                               const std::vector<float>& dout,
+                                               float softmax_scale, bool causal) {
+  require(dout.size() == q.size(), "dout must be shaped like q");
+  PlainGradients g{std::vector<float>(q.size()), std::vector<float>(k.size()),
+                   std::vector<float>(v.size())};
+  for_each_sequence(shape, q.size(), k.size(), v.size(), [&](const Shape& s, size_t qa, size_t ka) {
+    const PlainGradients seq = attention_backward_plain(
+        type, s, slice(q, qa, s.q_size()), slice(k, ka, s.kv_size()), slice(v, ka, s.kv_size()),
+        slice(dout, qa, s.q_size()), softmax_scale, causal);
+    std::copy(seq.dq.begin(), seq.dq.end(), g.dq.begin() + qa);
+    std::copy(seq.dk.begin(), seq.dk.end(), g.dk.begin() + ka);
+    std::copy(seq.dv.begin(), seq.dv.end(), g.dv.begin() + ka);
+  });
+  return g;
+}
+
 std::vector<float> gather_pages(const std::vector<float>& pool, int page_size, int heads_k,
                                 int headdim, const std::vector<int>& page_table, int max_pages,
                                 const std::vector<int>& seqlens, int max_seqlen) {

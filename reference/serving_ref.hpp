@@ -46,6 +46,20 @@ std::vector<float> attention_forward_varlen_plain(HalfType type, const VarlenSha
                                                   const std::vector<float>& v,
                                                   float softmax_scale, bool causal);
 
+// attention_backward and attention_backward_plain on each sequence on its
+// own, packed like q (dq) and k, v (dk, dv); a sequence without queries or
+// keys gets zero gradients.
+Gradients attention_backward_varlen(const VarlenShape& shape, const std::vector<float>& q,
+                                    const std::vector<float>& k, const std::vector<float>& v,
+                                    const std::vector<float>& dout, double softmax_scale,
+                                    bool causal);
+PlainGradients attention_backward_varlen_plain(HalfType type, const VarlenShape& shape,
+                                               const std::vector<float>& q,
+                                               const std::vector<float>& k,
+                                               const std::vector<float>& v,
+                                               const std::vector<float>& dout,
+                                               float softmax_scale, bool causal);
+
 // The contiguous cache (batch, max_seqlen, heads_k, headdim) of a paged one:
 // pool (num_pages, page_size, heads_k, headdim); page_table (batch,
 // max_pages) row-major; batch = seqlens.size(). Key j of sequence b is row

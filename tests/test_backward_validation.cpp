@@ -697,5 +697,157 @@ TEST(BackwardWorkspaceSizeCAbi, MatchesTheCppCall) {
   }
 }
 
+// ---------------------------------------------------------------- backward_varlen
+
+// The problem packed as one batch of 2 sequences (totals 16 queries, 32
+// keys), with its offsets and counts in host memory apart from the tensors
+// (validation reads neither).
+struct HostVarlenProblem : HostBackwardProblem {
+  PoisonedBuffer index_buffer{1024};
+  int* cu_q = reinterpret_cast<int*>(index_buffer.data());
+  Varlen varlen{cu_q, cu_q + 8, 2, 9, cu_q + 16, cu_q + 24};
+
+  HostVarlenProblem() {
+    set_q_side(*this, 1, kBatch * kSeqlenQ, kHeadsQ, kHeadDim);
+    set_k_side(*this, 1, kBatch * kSeqlenK, kHeadsK, kHeadDim);
+  }
+  Status call() const {
+    return flash3::backward_varlen(dout, q, k, v, out, lse, dq, dk, dv, varlen, options, nullptr);
+  }
+  flash3_status c_call() const {
+    flash3_backward_varlen_args args{};
+    args.backward = c_args();
+    args.cu_seqlens_q = varlen.cu_seqlens_q;
+    args.cu_seqlens_k = varlen.cu_seqlens_k;
+    args.batch = varlen.batch;
+    args.max_seqlen_q = varlen.max_seqlen_q;
+    args.seqused_q = varlen.seqused_q;
+    args.seqused_k = varlen.seqused_k;
+    return flash3_backward_varlen(&args, nullptr);
+  }
+};
+
+struct VarlenCase {
+  const char* name;
+  void (*mutate)(HostVarlenProblem&);
+  const char* message;
+};
+
+const VarlenCase kVarlenCases[] = {
+    {"BatchNotOne",
+     [](HostVarlenProblem& p) { set_q_side(p, 2, P::kSeqlenQ, P::kHeadsQ, P::kHeadDim); },
+     "dout.shape[0] = 2: a varlen batch is packed"},
+    {"NullCuSeqlensQ", [](HostVarlenProblem& p) { p.varlen.cu_seqlens_q = nullptr; },
+     "varlen.cu_seqlens_q"},
+    {"MisalignedCuSeqlensK",
+     [](HostVarlenProblem& p) {
+       p.varlen.cu_seqlens_k = reinterpret_cast<const int*>(
+           reinterpret_cast<const char*>(p.varlen.cu_seqlens_k) + 2);
+     },
+     "varlen.cu_seqlens_k"},
+    {"ZeroBatch", [](HostVarlenProblem& p) { p.varlen.batch = 0; },
+     "varlen.batch = 0 must be at least 1"},
+    {"ZeroMaxSeqlenQ", [](HostVarlenProblem& p) { p.varlen.max_seqlen_q = 0; },
+     "varlen.max_seqlen_q = 0 must be at least 1"},
+    {"SequsedKInsideDk",
+     [](HostVarlenProblem& p) { p.varlen.seqused_k = static_cast<const int*>(p.dk.data); },
+     "varlen.seqused_k overlaps dk"},
+    {"CuSeqlensQInsideTheWorkspace",
+     [](HostVarlenProblem& p) { p.varlen.cu_seqlens_q = static_cast<const int*>(p.workspace); },
+     "varlen.cu_seqlens_q overlaps options.workspace"},
+};
+
+class InvalidBackwardVarlen : public ::testing::TestWithParam<VarlenCase> {};
+
+TEST_P(InvalidBackwardVarlen, IsRefusedNamingTheArgument) {
+  for (const bool c_abi : {false, true}) {
+    HostVarlenProblem p;
+    GetParam().mutate(p);
+    std::string message;
+    if (c_abi) {
+      EXPECT_EQ(p.c_call(), FLASH3_ERROR_INVALID_ARGUMENT);
+      message = flash3_last_error();
+    } else {
+      const Status s = p.call();
+      EXPECT_EQ(s.code, Code::kInvalidArgument);
+      message = s.message;
+    }
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::backward_varlen: ", message);
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, message);
+    EXPECT_TRUE(p.untouched());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidBackwardVarlen, ::testing::ValuesIn(kVarlenCases),
+                         [](const ::testing::TestParamInfo<VarlenCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(BackwardVarlenValidation, ValidCallsPassValidation) {
+  for (const bool c_abi : {false, true}) {
+    for (const bool seqused : {true, false}) {
+      HostVarlenProblem p;
+      if (!seqused) {
+        p.varlen.seqused_q = p.varlen.seqused_k = nullptr;
+      }
+      const bool gpu = cuda_device_count() > 0;
+      std::string message;
+      if (c_abi) {
+        EXPECT_EQ(p.c_call(), gpu ? FLASH3_ERROR_INVALID_ARGUMENT : FLASH3_ERROR_NO_DEVICE);
+        message = flash3_last_error();
+      } else {
+        const Status s = p.call();
+        EXPECT_EQ(s.code, gpu ? Code::kInvalidArgument : Code::kNoDevice);
+        message = s.message;
+      }
+      EXPECT_PRED_FORMAT2(::testing::IsSubstring,
+                          gpu ? "flash3::backward_varlen: dout.data is not device memory"
+                              : "flash3::backward_varlen: no usable CUDA device",
+                          message);
+      EXPECT_TRUE(p.untouched());
+    }
+  }
+}
+
+// Each sequence's query rows padded apart (a tile of rows more per
+// sequence), and the key blocks' prefix sums: more than the dense
+// workspace of the totals, growing with the number of sequences.
+TEST(BackwardVarlenWorkspaceSize, AddsATilePerSequence) {
+  for (const int64_t headdim : {64, 128, 256}) {
+    const Tensor q = Tensor::contiguous(far_address(1), DType::kBFloat16, 1, 4096, 8, headdim);
+    const Tensor k = Tensor::contiguous(far_address(2), DType::kBFloat16, 1, 4096, 8, headdim);
+    BackwardOptions options;
+    size_t dense = 0, two = 0, many = 0;
+    ASSERT_TRUE(flash3::backward_workspace_size(q, k, options, &dense).ok());
+    Varlen varlen{nullptr, nullptr, 2, 1};
+    ASSERT_TRUE(flash3::backward_workspace_size(q, k, varlen, options, &two).ok());
+    varlen.batch = 100;
+    ASSERT_TRUE(flash3::backward_workspace_size(q, k, varlen, options, &many).ok());
+    EXPECT_GT(two, dense) << headdim;
+    const size_t per_row = (headdim + 2) * sizeof(float) * 8;  // dq sums, two statistics, 8 heads
+    EXPECT_GE(many - two, per_row * 98 * 64) << headdim;  // block_m >= 64 rows each
+    flash3_backward_varlen_args args{};
+    args.backward.q = to_c(q);
+    args.backward.k = to_c(k);
+    args.batch = 100;
+    size_t c_bytes = 0;
+    EXPECT_EQ(flash3_backward_varlen_workspace_size(&args, &c_bytes), FLASH3_OK)
+        << flash3_last_error();
+    EXPECT_EQ(c_bytes, many);
+    varlen.batch = 0;
+    const Status s = flash3::backward_workspace_size(q, k, varlen, options, &two);
+    EXPECT_EQ(s.code, Code::kInvalidArgument);
+    EXPECT_PRED_FORMAT2(::testing::IsSubstring, "varlen.batch = 0", s.message);
+  }
+}
+
+TEST(BackwardVarlenCAbi, NullArgsAreRefused) {
+  EXPECT_EQ(flash3_backward_varlen(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3_backward_varlen: args is null",
+                      flash3_last_error());
+  size_t bytes = 0;
+  EXPECT_EQ(flash3_backward_varlen_workspace_size(nullptr, &bytes), FLASH3_ERROR_INVALID_ARGUMENT);
+}
+
 }  // namespace
 }  // namespace flash3::test

@@ -1,4 +1,4 @@
-// The varlen tile space (src/sm90/fwd/varlen.hpp): every query block of every
+// The varlen tile space (src/sm90/common/varlen.hpp): every query block of every
 // (sequence, head) exactly once, none of padding, a head's blocks together;
 // malformed cu_seqlens clamped inside the tensor.
 #include <gtest/gtest.h>
@@ -8,14 +8,14 @@
 #include <tuple>
 #include <vector>
 
-#include "src/sm90/fwd/varlen.hpp"
+#include "src/sm90/common/varlen.hpp"
 
 namespace {
 
-using flash3::sm90::fwd::block_prefix;
-using flash3::sm90::fwd::seq_range;
-using flash3::sm90::fwd::VarlenTile;
-using flash3::sm90::fwd::VarlenTiles;
+using flash3::sm90::block_prefix;
+using flash3::sm90::seq_range;
+using flash3::sm90::VarlenTile;
+using flash3::sm90::VarlenTiles;
 
 std::vector<int> cu_seqlens_of(const std::vector<int>& lengths) {
   std::vector<int> cu{0};

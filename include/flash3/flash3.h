@@ -178,6 +178,27 @@ flash3_status flash3_backward(const flash3_backward_args* args, cudaStream_t str
  * needs no GPU. */
 flash3_status flash3_backward_workspace_size(const flash3_backward_args* args, size_t* bytes);
 
+/* flash3_backward on a packed variable-length batch (flash3.hpp:
+ * backward_varlen): the tensors of flash3_backward_args with batch 1 (total
+ * rows), softmax_lse (heads_q, total_q), and the forward's sequences. */
+typedef struct flash3_backward_varlen_args {
+  flash3_backward_args backward;
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int batch;
+  int max_seqlen_q;
+  const int* seqused_q; /* optional, as in flash3_forward_varlen_args */
+  const int* seqused_k;
+} flash3_backward_varlen_args;
+
+flash3_status flash3_backward_varlen(const flash3_backward_varlen_args* args,
+                                     cudaStream_t stream);
+
+/* The workspace flash3_backward_varlen needs, in *bytes (of args, the shapes
+ * of backward.q and backward.k, backward.deterministic and batch count). */
+flash3_status flash3_backward_varlen_workspace_size(const flash3_backward_varlen_args* args,
+                                                    size_t* bytes);
+
 typedef struct flash3_quantize_args {
   flash3_tensor x;     /* (batch, seqlen, heads, headdim 64, 128 or 256), float16 or bfloat16 */
   flash3_tensor x_fp8; /* like x, float8_e4m3; must not overlap x or descale */

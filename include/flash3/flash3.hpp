@@ -237,6 +237,27 @@ Status backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
 Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
                                size_t* bytes);
 
+// backward() on a packed variable-length batch (forward_varlen's layout):
+// dout, q, out and dq (1, total_q, heads_q, headdim), k, v, dk and dv (1,
+// total_k, heads_k, headdim), softmax_lse (heads_q, total_q) as
+// forward_varlen wrote it; `varlen` as the forward's (max_seqlen_q only
+// sizes the grid of the per-row passes: any value from 1 is correct). Rows
+// of dq outside every sequence's used queries (seqused_q), and of dk and dv
+// outside every sequence's used keys, are not written (with GQA dk and dv
+// are, as zeros); the offsets and counts must not overlap a gradient or the
+// workspace.
+Status backward_varlen(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const float* softmax_lse, const Tensor& dq,
+                       const Tensor& dk, const Tensor& dv, const Varlen& varlen,
+                       const BackwardOptions& options = {}, cudaStream_t stream = nullptr);
+
+// The workspace backward_varlen() needs, in *bytes: that of backward() for
+// the totals plus each sequence's padding (at most varlen.batch tiles of
+// query rows per head) and its key blocks' prefix sums. Needs no GPU; of
+// varlen only batch counts.
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen& varlen,
+                               const BackwardOptions& options, size_t* bytes);
+
 struct QuantizeOptions {
   // Sequence rows of one (batch, head) that share a scale, 1 to 2^20; the
   // default is the FP8 forward's tile of query rows.

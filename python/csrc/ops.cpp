@@ -466,7 +466,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                                            const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                            std::optional<double> softmax_scale, bool causal,
                                            const std::optional<Tensor>& seqused_q,
-                                           const std::optional<Tensor>& seqused_k) {
+                                           const std::optional<Tensor>& seqused_k,
+                                           bool /*deterministic: the backward's*/) {
   auto [out, lse] = varlen_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
@@ -495,11 +496,83 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
   return {out, lse};
 }
 
+// The varlen backward: dq, dk, dv like q, k, v; rows outside the used ones
+// (seqused_q / seqused_k) are zeros.
+std::tuple<Tensor, Tensor, Tensor> varlen_backward_outputs(const Tensor& q, const Tensor& k,
+                                                           const Tensor& v, bool zero_q,
+                                                           bool zero_kv) {
+  TORCH_CHECK_VALUE(q.dim() == 3 && k.dim() == 3 && v.dim() == 3,
+                    "flash3: q, k and v must be 3-d tensors (total, heads, headdim) for a "
+                    "varlen batch");
+  return {zero_q ? at::zeros_like(q) : at::empty_like(q),
+          zero_kv ? at::zeros_like(k) : at::empty_like(k),
+          zero_kv ? at::zeros_like(v) : at::empty_like(v)};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
+    const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+    const Tensor& softmax_lse, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
+    int64_t max_seqlen_q, std::optional<double> softmax_scale, bool causal, bool deterministic,
+    const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k) {
+  auto [dq, dk, dv] =
+      varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
+  OnDevice on(q, "q");
+  const at::Device device = q.device();
+  TORCH_CHECK_VALUE(dout_in.dim() == 3 && out.dim() == 3,
+                    "flash3: dout and out must be 3-d tensors (total_q, heads, headdim)");
+  const Tensor dout = tma_readable(dout_in) ? dout_in : dout_in.contiguous();
+  const Tensor dout4 = dout.unsqueeze(0), q4 = q.unsqueeze(0), k4 = k.unsqueeze(0),
+               v4 = v.unsqueeze(0), out4 = out.unsqueeze(0), dq4 = dq.unsqueeze(0),
+               dk4 = dk.unsqueeze(0), dv4 = dv.unsqueeze(0);
+  const flash3::Tensor dout_d = describe(dout4, "dout", device), q_d = describe(q4, "q", device),
+                       k_d = describe(k4, "k", device), v_d = describe(v4, "v", device),
+                       out_d = describe(out4, "out", device);
+  const float* lse = float_data(softmax_lse, "softmax_lse", device);
+  TORCH_CHECK_VALUE(softmax_lse.dim() == 2 && softmax_lse.size(0) == q.size(1) &&
+                        softmax_lse.size(1) == q.size(0) && softmax_lse.is_contiguous(),
+                    "flash3: softmax_lse must be a contiguous float32 tensor (heads_q, total_q) "
+                    "= (", q.size(1), ", ", q.size(0), "), got shape ", softmax_lse.sizes());
+  const flash3::Tensor dq_d = describe(dq4, "dq", device), dk_d = describe(dk4, "dk", device),
+                       dv_d = describe(dv4, "dv", device);
+  TORCH_CHECK_VALUE(cu_seqlens_k.numel() == cu_seqlens_q.numel(), "flash3: cu_seqlens_k has ",
+                    cu_seqlens_k.numel(), " offsets, cu_seqlens_q ", cu_seqlens_q.numel());
+  TORCH_CHECK_VALUE(max_seqlen_q >= 1 && max_seqlen_q <= (int64_t{1} << 31) - 1,
+                    "flash3: max_seqlen_q must be in [1, 2^31), got ", max_seqlen_q);
+  const int64_t batch = cu_seqlens_q.numel() - 1;
+  const Varlen varlen{
+      offsets_of(cu_seqlens_q, "cu_seqlens_q", device),
+      offsets_of(cu_seqlens_k, "cu_seqlens_k", device),
+      static_cast<int>(batch),
+      static_cast<int>(max_seqlen_q),
+      seqused_q.has_value() ? per_batch(*seqused_q, "seqused_q", batch, device) : nullptr,
+      seqused_k.has_value() ? per_batch(*seqused_k, "seqused_k", batch, device) : nullptr};
+  BackwardOptions options;
+  options.causal = causal;
+  options.softmax_scale = scale_of(softmax_scale);
+  options.deterministic = deterministic;
+  size_t bytes = 0;
+  raise_unless_ok(backward_workspace_size(q_d, k_d, varlen, options, &bytes));
+  const Tensor workspace =
+      at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  options.workspace = workspace.data_ptr();
+  options.workspace_bytes = bytes;
+  raise_unless_ok(backward_varlen(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, varlen,
+                                  options, on.stream));
+  return {dq, dk, dv};
+}
+
+std::tuple<Tensor, Tensor, Tensor> bwd_varlen_meta(
+    const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
+    const Tensor&, const Tensor&, const Tensor&, int64_t, std::optional<double>, bool, bool,
+    const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k) {
+  return varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
+}
+
 std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const Tensor&,
                                            const Tensor&, const Tensor&, int64_t,
                                            std::optional<double>, bool,
                                            const std::optional<Tensor>&,
-                                           const std::optional<Tensor>&) {
+                                           const std::optional<Tensor>&, bool) {
   return varlen_outputs(q);
 }
 
@@ -748,7 +821,8 @@ std::tuple<Tensor, Tensor> fwd_fp8_autograd(const Tensor& q, const Tensor& k, co
   return {result[0], result[1]};
 }
 
-// fwd_varlen's autograd kernel: outputs whose backward says there is none yet.
+// fwd_varlen's autograd kernel: saves what bwd_varlen needs; its backward
+// is the `bwd_varlen` op.
 class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
@@ -756,19 +830,41 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                                const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                std::optional<double> softmax_scale, bool causal,
                                const std::optional<Tensor>& seqused_q,
-                               const std::optional<Tensor>& seqused_k) {
+                               const std::optional<Tensor>& seqused_k, bool deterministic) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd_varlen", "")
                          .typed<decltype(fwd_varlen_cuda)>();
     auto [out, lse] = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                              causal, seqused_q, seqused_k);
+                              causal, seqused_q, seqused_k, deterministic);
+    // Optional tensors saved as undefined ones when absent.
+    ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                            seqused_q.value_or(Tensor()), seqused_k.value_or(Tensor())});
+    ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
+    ctx->saved_data["softmax_scale"] = softmax_scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["deterministic"] = deterministic;
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
 
-  static variable_list backward(AutogradContext*, variable_list) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "flash3: the varlen backward is not implemented yet");
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("flash3::bwd_varlen", "")
+                         .typed<decltype(bwd_varlen_cuda)>();
+    const variable_list saved = ctx->get_saved_variables();
+    const c10::IValue& scale = ctx->saved_data["softmax_scale"];
+    const auto optional = [](const Tensor& t) {
+      return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
+    };
+    auto [dq, dk, dv] =
+        op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
+                ctx->saved_data["max_seqlen_q"].toInt(),
+                scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
+                ctx->saved_data["causal"].toBool(), ctx->saved_data["deterministic"].toBool(),
+                optional(saved[7]), optional(saved[8]));
+    return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(),
+            Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -777,9 +873,11 @@ std::tuple<Tensor, Tensor> fwd_varlen_autograd(const Tensor& q, const Tensor& k,
                                                const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                                std::optional<double> softmax_scale, bool causal,
                                                const std::optional<Tensor>& seqused_q,
-                                               const std::optional<Tensor>& seqused_k) {
-  variable_list result = VarlenAttention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                softmax_scale, causal, seqused_q, seqused_k);
+                                               const std::optional<Tensor>& seqused_k,
+                                               bool deterministic) {
+  variable_list result =
+      VarlenAttention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
+                             causal, seqused_q, seqused_k, deterministic);
   return {result[0], result[1]};
 }
 
@@ -811,8 +909,12 @@ TORCH_LIBRARY(flash3, m) {
         "-> (Tensor x_fp8, Tensor descale)");
   m.def("fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, float? softmax_scale=None, bool causal=False, Tensor? seqused_q=None, "
-        "Tensor? seqused_k=None) "
+        "Tensor? seqused_k=None, bool deterministic=False) "
         "-> (Tensor out, Tensor softmax_lse)");
+  m.def("bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, float? softmax_scale=None, "
+        "bool causal=False, bool deterministic=False, Tensor? seqused_q=None, "
+        "Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
         "Tensor? page_table=None) -> (Tensor out, Tensor softmax_lse)");
@@ -833,6 +935,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("fwd_fp8", &fwd_fp8_cuda);
   m.impl("quantize_fp8", &quantize_fp8_cuda);
   m.impl("fwd_varlen", &fwd_varlen_cuda);
+  m.impl("bwd_varlen", &bwd_varlen_cuda);
   m.impl("fwd_kvcache", &fwd_kvcache_cuda);
   m.impl("kvcache_append", &kvcache_append_cuda);
 }
@@ -841,7 +944,7 @@ TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("combine", torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
   for (const char* op :
        {"fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
-        "fwd_kvcache", "kvcache_append"}) {
+        "bwd_varlen", "fwd_kvcache", "kvcache_append"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
   }
 }
@@ -855,6 +958,7 @@ TORCH_LIBRARY_IMPL(flash3, Meta, m) {
   m.impl("fwd_fp8", &fwd_fp8_meta);
   m.impl("quantize_fp8", &quantize_fp8_meta);
   m.impl("fwd_varlen", &fwd_varlen_meta);
+  m.impl("bwd_varlen", &bwd_varlen_meta);
   m.impl("fwd_kvcache", &fwd_kvcache_meta);
   m.impl("kvcache_append", &kvcache_append_meta);
 }

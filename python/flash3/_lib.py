@@ -123,6 +123,20 @@ class BackwardArgs(ctypes.Structure):
     ]
 
 
+class BackwardVarlenArgs(ctypes.Structure):
+    """flash3_backward_varlen_args."""
+
+    _fields_ = [
+        ("backward", BackwardArgs),
+        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int)),
+        ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int)),
+        ("batch", ctypes.c_int),
+        ("max_seqlen_q", ctypes.c_int),
+        ("seqused_q", ctypes.POINTER(ctypes.c_int)),
+        ("seqused_k", ctypes.POINTER(ctypes.c_int)),
+    ]
+
+
 class Fp8V(ctypes.Structure):
     """flash3_fp8_v: e4m3 V in the FP8 forward's layout (flash3.h)."""
 
@@ -204,6 +218,7 @@ _CALLS = {
     "flash3_forward_kvcache": ForwardKvCacheArgs,
     "flash3_kvcache_append": KvCacheAppendArgs,
     "flash3_backward": BackwardArgs,
+    "flash3_backward_varlen": BackwardVarlenArgs,
     "flash3_forward_fp8": ForwardFp8Args,
     "flash3_quantize_fp8": QuantizeArgs,
     "flash3_fp8_v_layout": Fp8VLayoutArgs,
@@ -267,6 +282,11 @@ def library():
         ctypes.POINTER(ctypes.c_size_t),
     ]
     lib.flash3_backward_workspace_size.restype = ctypes.c_int
+    lib.flash3_backward_varlen_workspace_size.argtypes = [
+        ctypes.POINTER(BackwardVarlenArgs),
+        ctypes.POINTER(ctypes.c_size_t),
+    ]
+    lib.flash3_backward_varlen_workspace_size.restype = ctypes.c_int
     lib.flash3_forward_workspace_size.argtypes = [ctypes.POINTER(Tensor), ctypes.POINTER(ctypes.c_size_t)]
     lib.flash3_forward_workspace_size.restype = ctypes.c_int
     for name in ("flash3_last_error", "flash3_version"):

@@ -237,9 +237,9 @@ def flash_attn_varlen_func(
     (total_k, heads_k, headdim); sequence b's rows are [cu_seqlens_q[b], cu_seqlens_q[b + 1])
     (int32, batch + 1 offsets, on q's device), causal bottom-right per sequence; with
     seqused_q / seqused_k ((batch,) int32) sequence b uses only its first seqused_q[b] queries
-    and seqused_k[b] keys (out's other rows are left unwritten). Returns out
-    like q, or (out, softmax_lse (heads, total_q)) when return_attn_probs. Forward only
-    (its backward raises)."""
+    and seqused_k[b] keys (out's other rows are left unwritten; their gradients are zeros).
+    Returns out like q, or (out, softmax_lse (heads, total_q)) when return_attn_probs.
+    Differentiable; deterministic=True makes the gradients bitwise repeatable."""
     if qv is not None or softcap != 0.0 or window_size != (-1, -1) or attention_chunk != 0 \
             or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
@@ -248,7 +248,7 @@ def flash_attn_varlen_func(
             raise _not_supported(name, value)
     _refuse_other_dv(q, v)
     out, softmax_lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
-                                      seqused_q, seqused_k)
+                                      seqused_q, seqused_k, deterministic)
     return (out, softmax_lse) if return_attn_probs else out
 
 

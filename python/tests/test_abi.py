@@ -20,6 +20,7 @@ STRUCTS = (
     (_lib.ForwardKvCacheArgs, "flash3_forward_kvcache_args"),
     (_lib.KvCacheAppendArgs, "flash3_kvcache_append_args"),
     (_lib.BackwardArgs, "flash3_backward_args"),
+    (_lib.BackwardVarlenArgs, "flash3_backward_varlen_args"),
     (_lib.Fp8V, "flash3_fp8_v"),
     (_lib.Fp8Descale, "flash3_fp8_descale"),
     (_lib.ForwardFp8Args, "flash3_forward_fp8_args"),

@@ -25,7 +25,7 @@ def qkv(batch=2, seqlen_q=200, seqlen_k=333, heads=4, heads_k=2, headdim=128, dt
 
 def test_every_operator_is_registered():
     for name in ("fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
-                 "fwd_kvcache", "kvcache_append"):
+                 "bwd_varlen", "fwd_kvcache", "kvcache_append"):
         assert hasattr(ops, name), name
     assert hasattr(ops, "combine")
 
@@ -53,6 +53,8 @@ def test_fake_implementations_give_the_outputs_shapes():
     cu = torch.empty(3, dtype=torch.int32, device="meta")
     out_v, lse_v = ops.fwd_varlen(q[0], k[0], k[0], cu, cu, 100)
     assert out_v.shape == q[0].shape and lse_v.shape == (8, 100) and lse_v.dtype == torch.float32
+    dq_v, dk_v, dv_v = ops.bwd_varlen(q[0], q[0], k[0], k[0], q[0], lse_v, cu, cu, 100)
+    assert (dq_v.shape, dk_v.shape, dv_v.shape) == (q[0].shape, k[0].shape, k[0].shape)
     seqlens = torch.empty(2, dtype=torch.int32, device="meta")
     out_c, lse_c = ops.fwd_kvcache(q, k, k, seqlens, None, None, True)
     assert out_c.shape == q.shape and out_c.stride() == q.stride() and lse_c.shape == (2, 8, 100)
@@ -226,13 +228,62 @@ def test_varlen_matches_each_sequence_alone(causal, headdim):
         torch.testing.assert_close(lse[:, qs], alone_lse[0], atol=1e-3, rtol=1e-4)
 
 
+def _varlen_batch(lengths_q, lengths_k, headdim, heads=4, heads_k=2):
+    make = lambda n, h: torch.randn(n, h, headdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    offsets = lambda lengths: torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
+                                           device="cuda")
+    return (make(sum(lengths_q), heads), make(sum(lengths_k), heads_k), make(sum(lengths_k), heads_k),
+            offsets(lengths_q), offsets(lengths_k))
+
+
 @requires_hopper
-def test_varlen_backward_is_refused_by_name():
-    q = torch.randn(10, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
-    out = fai.flash_attn_varlen_func(q, q.detach(), q.detach(), cu, cu, 6, 6)
-    with pytest.raises(NotImplementedError, match="flash3: the varlen backward is not implemented yet"):
-        out.float().sum().backward()
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("headdim", [64, 128, 256])
+def test_varlen_backward_matches_each_sequence_alone(causal, headdim):
+    # Autograd through flash_attn_varlen_func against flash_attn_func's backward on each
+    # sequence alone; sequences without keys (or queries) get zero gradients.
+    lengths_q, lengths_k = [17, 1, 300, 0, 129, 64, 3], [40, 5, 300, 9, 700, 7, 0]
+    q, k, v, cu_q, cu_k = _varlen_batch(lengths_q, lengths_k, headdim)
+    out = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal)
+    g = torch.randn_like(out)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), g)
+    for b in range(len(lengths_q)):
+        qs = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        ks = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        if lengths_q[b] == 0 or lengths_k[b] == 0:
+            for grad in (dq[qs], dk[ks], dv[ks]):
+                assert grad.numel() == 0 or grad.abs().max().item() == 0
+            continue
+        q1, k1, v1 = (x[None, s].detach().requires_grad_() for x, s in ((q, qs), (k, ks), (v, ks)))
+        alone = flash_attn_func(q1, k1, v1, causal=causal)
+        dq1, dk1, dv1 = torch.autograd.grad(alone, (q1, k1, v1), g[None, qs])
+        for got, want in ((dq[qs], dq1[0]), (dk[ks], dk1[0]), (dv[ks], dv1[0])):
+            torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+
+
+@requires_hopper
+def test_varlen_backward_seqused_and_deterministic():
+    # seqused: the unused rows get zero gradients; deterministic: bitwise repeatable.
+    lengths = [100, 70, 3, 200]
+    q, k, v, cu_q, cu_k = _varlen_batch(lengths, lengths, 128)
+    used_q = torch.tensor([60, 70, 0, 131], dtype=torch.int32, device="cuda")
+    used_k = torch.tensor([90, 1, 3, 64], dtype=torch.int32, device="cuda")
+    grads = []
+    for _ in range(3):
+        out = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, seqused_q=used_q, seqused_k=used_k,
+                                         causal=True, deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for again in grads[1:]:
+        for a, b in zip(grads[0], again):
+            assert torch.equal(a, b)
+    dq, dk, _ = grads[0]
+    for b, length in enumerate(lengths):
+        start = int(cu_q[b])
+        unused_q = dq[start + min(int(used_q[b]), length):start + length]
+        unused_k = dk[start + min(int(used_k[b]), length):start + length]
+        for grad in (unused_q, unused_k):
+            assert grad.numel() == 0 or grad.abs().max().item() == 0
+    assert dq[:60].abs().max().item() > 0
 
 
 @pytest.mark.parametrize("name", ["cache_leftpad", "cu_seqlens_q", "cu_seqlens_k_new", "q_descale"])

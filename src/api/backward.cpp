@@ -1,5 +1,6 @@
-// The C++ entry points of the backward: backward() validates, checks the
-// device and dispatches; backward_workspace_size() is pure host code.
+// The C++ entry points of the backward: backward() and backward_varlen()
+// validate, check the device and dispatch; backward_workspace_size() is pure
+// host code.
 #include <exception>
 #include <string>
 
@@ -21,11 +22,25 @@ Status backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
       stream);
 }
 
-Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
-                               size_t* bytes) {
+Status backward_varlen(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const Tensor& out, const float* softmax_lse, const Tensor& dq,
+                       const Tensor& dk, const Tensor& dv, const Varlen& varlen,
+                       const BackwardOptions& options, cudaStream_t stream) {
+  return detail::run_call<detail::BackwardParams>(
+      detail::kBackwardVarlenCall,
+      [&](detail::BackwardParams* params) {
+        return detail::validate_backward_varlen(dout, q, k, v, out, softmax_lse, dq, dk, dv,
+                                                varlen, options, params);
+      },
+      stream);
+}
+
+namespace {
+Status workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
+                      const BackwardOptions& options, size_t* bytes) {
   // Needs no device: the size follows from the shapes alone.
   try {
-    return detail::validate_backward_workspace_size(q, k, options, bytes);
+    return detail::validate_backward_workspace_size(q, k, varlen, options, bytes);
   } catch (const std::exception& e) {
     return Status{StatusCode::kInternal,
                   std::string(detail::kBackwardWorkspaceCall) + ": " + e.what()};
@@ -33,6 +48,17 @@ Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardO
     return Status{StatusCode::kInternal,
                   std::string(detail::kBackwardWorkspaceCall) + ": unknown exception"};
   }
+}
+}  // namespace
+
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
+                               size_t* bytes) {
+  return workspace_size(q, k, nullptr, options, bytes);
+}
+
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen& varlen,
+                               const BackwardOptions& options, size_t* bytes) {
+  return workspace_size(q, k, &varlen, options, bytes);
 }
 
 }  // namespace flash3

@@ -158,6 +158,40 @@ flash3_status flash3_backward_workspace_size(const flash3_backward_args* args, s
                                                 backward_options(*args), bytes));
 }
 
+namespace {
+flash3::Varlen varlen_of(const flash3_backward_varlen_args& args) {
+  return {args.cu_seqlens_q, args.cu_seqlens_k, args.batch,
+          args.max_seqlen_q, args.seqused_q,    args.seqused_k};
+}
+}  // namespace
+
+flash3_status flash3_backward_varlen(const flash3_backward_varlen_args* args,
+                                     cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_backward_varlen: args is null"});
+  }
+  const flash3_backward_args& b = args->backward;
+  return finish(flash3::backward_varlen(to_cpp(b.dout), to_cpp(b.q), to_cpp(b.k), to_cpp(b.v),
+                                        to_cpp(b.out), b.softmax_lse, to_cpp(b.dq),
+                                        to_cpp(b.dk), to_cpp(b.dv), varlen_of(*args),
+                                        backward_options(b), stream));
+}
+
+flash3_status flash3_backward_varlen_workspace_size(const flash3_backward_varlen_args* args,
+                                                    size_t* bytes) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument,
+                   "flash3_backward_varlen_workspace_size: args is null"});
+  }
+  if (bytes == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument,
+                   "flash3_backward_varlen_workspace_size: bytes is null"});
+  }
+  return finish(flash3::backward_workspace_size(to_cpp(args->backward.q), to_cpp(args->backward.k),
+                                                varlen_of(*args), backward_options(args->backward),
+                                                bytes));
+}
+
 flash3_status flash3_quantize_fp8(const flash3_quantize_args* args, cudaStream_t stream) {
   if (args == nullptr) {
     return finish({flash3::StatusCode::kInvalidArgument, "flash3_quantize_fp8: args is null"});

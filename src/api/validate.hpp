@@ -51,8 +51,16 @@ Status validate_backward(const Tensor& dout, const Tensor& q, const Tensor& k, c
 // Checks q, k and bytes as backward_workspace_size() takes them; on success
 // sets *bytes to the size of the backward's workspace for these shapes and
 // options.deterministic. On error *bytes is left as it was.
-Status validate_backward_workspace_size(const Tensor& q, const Tensor& k,
+Status validate_backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
                                         const BackwardOptions& options, size_t* bytes);
+
+// Checks backward_varlen's arguments: those of validate_backward (as batch
+// 1, softmax_lse (heads_q, total_q)) and the varlen description.
+Status validate_backward_varlen(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const float* softmax_lse,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const Varlen& varlen, const BackwardOptions& options,
+                                BackwardParams* params);
 
 // Checks x, x_fp8, descale and options; on success fills `params`
 // (everything but the device fields) and returns an ok Status.

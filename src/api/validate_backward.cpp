@@ -1,9 +1,11 @@
 // The argument checks of flash3::backward and flash3::backward_workspace_size.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "sm90/bwd/workspace.hpp"
 #include "validate_common.hpp"
@@ -63,21 +65,27 @@ Status check_q_and_k(const Tensor& q, const Tensor& k) {
 
 // The workspace of q's and k's shapes, after check_q_and_k: refused if its
 // tile counts or bytes would not fit the layout's arithmetic.
+// Varlen (varlen_batch sequences): each sequence's rows padded apart
+// (workspace.hpp).
 Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
-                        WorkspaceLayout* layout) {
+                        WorkspaceLayout* layout, int varlen_batch = 0) {
   using u128 = unsigned __int128;
   const int headdim = static_cast<int>(q.shape[3]);
   const int64_t block_m = sm90::bwd::block_m(headdim);
   const int64_t block_n = sm90::bwd::block_n(headdim);
-  const int64_t padded_q = (q.shape[1] + block_m - 1) / block_m * block_m;
-  const int64_t padded_k = (k.shape[1] + block_n - 1) / block_n * block_n;
+  const int64_t padding = static_cast<int64_t>(varlen_batch);  // tiles more, varlen
+  const int64_t padded_q = (q.shape[1] + (padding + 1) * block_m - 1) / block_m * block_m;
+  const int64_t padded_k = (k.shape[1] + (padding + 1) * block_n - 1) / block_n * block_n;
   if (padded_q > kMaxDimension) {
-    return invalid("q.shape[1] (seqlen_q) = ", q.shape[1], " rounded up to the backward's tile of ",
-                   block_m, " query rows exceeds 2^31-1");
+    return invalid("q.shape[1] (seqlen_q) = ", q.shape[1],
+                   varlen_batch > 0 ? " plus a tile per sequence" : "",
+                   " rounded up to the backward's tile of ", block_m,
+                   " query rows exceeds 2^31-1");
   }
   if (padded_k > kMaxDimension) {
-    return invalid("k.shape[1] (seqlen_k) = ", k.shape[1], " rounded up to the backward's tile of ",
-                   block_n, " keys exceeds 2^31-1");
+    return invalid("k.shape[1] (seqlen_k) = ", k.shape[1],
+                   varlen_batch > 0 ? " plus a tile per sequence" : "",
+                   " rounded up to the backward's tile of ", block_n, " keys exceeds 2^31-1");
   }
   // A bound of every region (dQ accumulator, two row statistics, the dK/dV
   // accumulators, semaphores, alignment), so that the layout's size_t sums
@@ -87,6 +95,7 @@ Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
   const u128 bound = (rows_q * static_cast<u128>(headdim + 3) +
                       rows_k * static_cast<u128>(2 * headdim + 1)) *
                          sizeof(float) +
+                     static_cast<u128>(padding + 1) * sizeof(int32_t) +
                      8 * WorkspaceLayout::kAlign;
   if (bound > kMaxWorkspaceBytes) {
     return invalid("the backward's workspace for these shapes (about ",
@@ -94,7 +103,8 @@ Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
   }
   *layout = WorkspaceLayout::of(static_cast<int>(q.shape[0]), static_cast<int>(q.shape[1]),
                                 static_cast<int>(k.shape[1]), static_cast<int>(q.shape[2]),
-                                static_cast<int>(k.shape[2]), headdim, deterministic);
+                                static_cast<int>(k.shape[2]), headdim, deterministic,
+                                varlen_batch);
   return Status{};
 }
 
@@ -103,10 +113,31 @@ struct Named {
   const Tensor& t;
 };
 
+// The sequences of a varlen batch (varlen non-null; the tensors of batch 1).
+Status check_varlen(const Varlen& varlen) {
+  if (varlen.batch < 1) {
+    return invalid("varlen.batch = ", varlen.batch, " must be at least 1");
+  }
+  if (varlen.max_seqlen_q < 1) {
+    return invalid("varlen.max_seqlen_q = ", varlen.max_seqlen_q, " must be at least 1");
+  }
+  const int64_t batch = varlen.batch;
+  for (const IndexArray& a : {IndexArray{"varlen.cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, true},
+                              IndexArray{"varlen.cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, true},
+                              IndexArray{"varlen.seqused_q", varlen.seqused_q, batch, false},
+                              IndexArray{"varlen.seqused_k", varlen.seqused_k, batch, false}}) {
+    if (Status s = check_index_array(a); !s.ok()) {
+      return s;
+    }
+  }
+  return Status{};
+}
+
+// backward() and (varlen non-null) backward_varlen().
 Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor& out, const float* softmax_lse, const Tensor& dq,
-                      const Tensor& dk, const Tensor& dv, const BackwardOptions& options,
-                      BackwardParams* params) {
+                      const Tensor& dk, const Tensor& dv, const Varlen* varlen,
+                      const BackwardOptions& options, BackwardParams* params) {
   const Named tensors[] = {{"dout", dout}, {"q", q},   {"k", k},   {"v", v},
                            {"out", out},   {"dq", dq}, {"dk", dk}, {"dv", dv}};
   if (Status s = check_headdim_first(q); !s.ok()) {
@@ -114,6 +145,17 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   }
   for (const auto& [name, t] : tensors) {
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
+      return s;
+    }
+  }
+  if (varlen != nullptr) {
+    for (const auto& [name, t] : tensors) {
+      if (t.shape[0] != 1) {
+        return invalid(name, ".shape[0] = ", t.shape[0],
+                       ": a varlen batch is packed, (1, total, heads, headdim)");
+      }
+    }
+    if (Status s = check_varlen(*varlen); !s.ok()) {
       return s;
     }
   }
@@ -153,7 +195,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
 
   if (softmax_lse == nullptr) {
     return invalid("softmax_lse is null: the backward needs the forward's log-sum-exp "
-                   "(float32, contiguous (batch, heads_q, seqlen_q))");
+                   "(float32, contiguous ",
+                   varlen != nullptr ? "(heads_q, total_q))" : "(batch, heads_q, seqlen_q))");
   }
   if (reinterpret_cast<uintptr_t>(softmax_lse) % alignof(float) != 0) {
     return invalid("softmax_lse is not 4-byte aligned");
@@ -172,7 +215,9 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
                    " floats address past the end of the address space");
   }
   WorkspaceLayout layout;
-  if (Status s = workspace_layout(q, k, options.deterministic, &layout); !s.ok()) {
+  if (Status s = workspace_layout(q, k, options.deterministic, &layout,
+                                  varlen != nullptr ? varlen->batch : 0);
+      !s.ok()) {
     return s;
   }
 
@@ -202,6 +247,30 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
       if (intersect(grad_span, span)) {
         return invalid(grad, " overlaps ", name,
                        " in memory; a gradient must not alias an input");
+      }
+    }
+  }
+  // Varlen: the offsets and counts, which every kernel reads, apart from what
+  // the call writes.
+  const Span workspace_span =
+      options.workspace == nullptr
+          ? Span{}
+          : Span{reinterpret_cast<uintptr_t>(options.workspace),
+                 reinterpret_cast<uintptr_t>(options.workspace) + layout.bytes};
+  if (varlen != nullptr) {
+    const int64_t batch = varlen->batch;
+    for (const IndexArray& a :
+         {IndexArray{"varlen.cu_seqlens_q", varlen->cu_seqlens_q, batch + 1, true},
+          IndexArray{"varlen.cu_seqlens_k", varlen->cu_seqlens_k, batch + 1, true},
+          IndexArray{"varlen.seqused_q", varlen->seqused_q, batch, false},
+          IndexArray{"varlen.seqused_k", varlen->seqused_k, batch, false}}) {
+      for (const auto& [name, written] :
+           {std::pair<const char*, Span>{"dq", span_of(dq)}, {"dk", span_of(dk)},
+            {"dv", span_of(dv)}, {"options.workspace", workspace_span}}) {
+        if (intersect(span_of(a), written)) {
+          return invalid(a.name, " overlaps ", name,
+                         "; the call writes there while its kernels read it");
+        }
       }
     }
   }
@@ -252,11 +321,20 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   p.softmax_scale = resolve_softmax_scale(options.softmax_scale, p.headdim);
   p.causal = options.causal;
   p.deterministic = options.deterministic;
+  if (varlen != nullptr) {
+    p.cu_seqlens_q = varlen->cu_seqlens_q;
+    p.cu_seqlens_k = varlen->cu_seqlens_k;
+    p.seqused_q = varlen->seqused_q;
+    p.seqused_k = varlen->seqused_k;
+    p.varlen_batch = varlen->batch;
+    // Sizes the per-row passes' grid only: no sequence is longer than total_q.
+    p.max_seqlen_q = static_cast<int>(std::min<int64_t>(varlen->max_seqlen_q, q.shape[1]));
+  }
   *params = p;
   return Status{};
 }
 
-Status check_backward_workspace_size(const Tensor& q, const Tensor& k,
+Status check_backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
                                      const BackwardOptions& options, size_t* bytes) {
   if (bytes == nullptr) {
     return invalid("bytes is null");
@@ -265,6 +343,13 @@ Status check_backward_workspace_size(const Tensor& q, const Tensor& k,
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
       return s;
     }
+    if (varlen != nullptr && t.shape[0] != 1) {
+      return invalid(name, ".shape[0] = ", t.shape[0],
+                     ": a varlen batch is packed, (1, total, heads, headdim)");
+    }
+  }
+  if (varlen != nullptr && varlen->batch < 1) {
+    return invalid("varlen.batch = ", varlen->batch, " must be at least 1");
   }
   if (Status s = check_q_and_k(q, k); !s.ok()) {
     return s;
@@ -276,7 +361,9 @@ Status check_backward_workspace_size(const Tensor& q, const Tensor& k,
     return s;
   }
   WorkspaceLayout layout;
-  if (Status s = workspace_layout(q, k, options.deterministic, &layout); !s.ok()) {
+  if (Status s = workspace_layout(q, k, options.deterministic, &layout,
+                                  varlen != nullptr ? varlen->batch : 0);
+      !s.ok()) {
     return s;
   }
   *bytes = layout.bytes;
@@ -290,12 +377,22 @@ Status validate_backward(const Tensor& dout, const Tensor& q, const Tensor& k, c
                          const Tensor& dk, const Tensor& dv, const BackwardOptions& options,
                          BackwardParams* params) {
   return with_call(kBackwardCall, check_backward(dout, q, k, v, out, softmax_lse, dq, dk, dv,
-                                                 options, params));
+                                                 nullptr, options, params));
 }
 
-Status validate_backward_workspace_size(const Tensor& q, const Tensor& k,
+Status validate_backward_varlen(const Tensor& dout, const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out, const float* softmax_lse,
+                                const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                const Varlen& varlen, const BackwardOptions& options,
+                                BackwardParams* params) {
+  return with_call(kBackwardVarlenCall, check_backward(dout, q, k, v, out, softmax_lse, dq, dk,
+                                                       dv, &varlen, options, params));
+}
+
+Status validate_backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
                                         const BackwardOptions& options, size_t* bytes) {
-  return with_call(kBackwardWorkspaceCall, check_backward_workspace_size(q, k, options, bytes));
+  return with_call(kBackwardWorkspaceCall,
+                   check_backward_workspace_size(q, k, varlen, options, bytes));
 }
 
 }  // namespace flash3::detail

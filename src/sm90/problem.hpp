@@ -16,6 +16,7 @@ inline constexpr char kForwardFp8Call[] = "flash3::forward_fp8";
 inline constexpr char kFp8VLayoutCall[] = "flash3::fp8_v_layout";
 inline constexpr char kBackwardCall[] = "flash3::backward";
 inline constexpr char kBackwardWorkspaceCall[] = "flash3::backward_workspace_size";
+inline constexpr char kBackwardVarlenCall[] = "flash3::backward_varlen";
 inline constexpr char kForwardWorkspaceCall[] = "flash3::forward_workspace_size";
 inline constexpr char kForwardVarlenCall[] = "flash3::forward_varlen";
 inline constexpr char kForwardKvCacheCall[] = "flash3::forward_kvcache";
@@ -101,7 +102,21 @@ struct AttentionProblem {
   bool causal = false;
 };
 
-struct ForwardParams : DeviceFields, AttentionProblem {
+// Varlen (varlen_batch > 0): the tensors packed as batch 1 (seqlen_q,
+// seqlen_k: the total rows), sequence b's rows from cu_seqlens_q/k[b] to
+// [b + 1] (device, varlen_batch + 1 each), the longest query sequence at
+// most max_seqlen_q rows (an upper bound that picks a kernel or a grid);
+// lse (heads_q, total_q).
+struct VarlenFields {
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  const int* seqused_q = nullptr;  // or null: sequence b uses its first seqused_q[b] rows
+  const int* seqused_k = nullptr;
+  int varlen_batch = 0;
+  int max_seqlen_q = 0;
+};
+
+struct ForwardParams : DeviceFields, AttentionProblem, VarlenFields {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -118,16 +133,6 @@ struct ForwardParams : DeviceFields, AttentionProblem {
   // Varlen uses it for its sequences' query-block prefix sums.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
-  // Varlen (varlen_batch > 0): q, k, v and out packed as batch 1 (seqlen_q,
-  // seqlen_k: the total rows), sequence b's rows from cu_seqlens_q/k[b] to
-  // [b + 1] (device, varlen_batch + 1 each), the longest query sequence at
-  // most max_seqlen_q rows; lse (heads_q, total_q).
-  const int* cu_seqlens_q = nullptr;
-  const int* cu_seqlens_k = nullptr;
-  const int* seqused_q = nullptr;  // or null: sequence b uses its first seqused_q[b] rows
-  const int* seqused_k = nullptr;
-  int varlen_batch = 0;
-  int max_seqlen_q = 0;
   // KV cache (cache_seqlens non-null): k and v (kv_batch, seqlen_k, heads_k,
   // headdim) hold seqlen_k slots per batch, of which batch b uses the first
   // cache_seqlens[b] (device, batch entries), in K/V batch cache_batch_idx[b]
@@ -146,7 +151,7 @@ struct ForwardParams : DeviceFields, AttentionProblem {
   int page_size = 0;
 };
 
-struct BackwardParams : DeviceFields, AttentionProblem {
+struct BackwardParams : DeviceFields, AttentionProblem, VarlenFields {
   const void* dout = nullptr;
   const void* q = nullptr;
   const void* k = nullptr;

@@ -1,5 +1,6 @@
 // The warp-specialised backward kernel: warp roles, and the dK / dV store.
-// One CTA per (key block, query head, batch). Warpgroup 0: warp 0 loads
+// One CTA per (key block, query head, batch), or (varlen) per key block of
+// any sequence and query head. Warpgroup 0: warp 0 loads
 // (TMA), warp 1 adds dQ into the workspace; warpgroups 1 and 2 each own 64
 // keys of the block and keep their dK and dV in registers across the query
 // blocks.
@@ -32,13 +33,12 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
 // head dim of them): straight to the 16-bit
 // outputs, or with GQA added into the fp32 sums of the K/V head (after the
 // query heads before this one, in deterministic mode).
-template <class T>
-__device__ void store_dkv(const KernelArgs& args, int n_block, int head, int batch, int head_kv,
-                          int warpgroup, float (&dk)[T::kDkvAccRegs],
-                          const float (&dv)[T::kDkvAccRegs]) {
+template <class T, bool kVarlen>
+__device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpgroup,
+                          float (&dk)[T::kDkvAccRegs], const float (&dv)[T::kDkvAccRegs]) {
   using Element = typename T::Element;
   const FragmentCoord c = FragmentCoord::current();
-  const int key0 = n_block * T::kBlockN + T::key_offset(warpgroup) + c.warp * 16 + c.row;
+  const int key0 = blk.n_block * T::kBlockN + T::key_offset(warpgroup) + c.warp * 16 + c.row;
   const int col0 = T::dkv_col_offset(warpgroup) + c.col;
 #pragma unroll
   for (int i = 0; i < T::kDkvAccRegs; ++i) {
@@ -46,14 +46,14 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
   }
   const bool gqa = args.heads_per_kv_head > 1;
   if (!gqa) {
-    Element* dk_out =
-        static_cast<Element*>(args.dk) + args.dk_stride.offset(batch, 0, head) + col0;
-    Element* dv_out =
-        static_cast<Element*>(args.dv) + args.dv_stride.offset(batch, 0, head) + col0;
+    Element* dk_out = static_cast<Element*>(args.dk) +
+                      args.dk_stride.offset(blk.q.batch, blk.k_row0, blk.head) + col0;
+    Element* dv_out = static_cast<Element*>(args.dv) +
+                      args.dv_stride.offset(blk.q.batch, blk.k_row0, blk.head) + col0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
-      if (key >= args.seqlen_k) {
+      if (key >= blk.seqlen_k) {
         continue;
       }
 #pragma unroll
@@ -66,10 +66,15 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
     }
     return;
   }
-  const int turn = head - head_kv * args.heads_per_kv_head;  // place in the K/V head's group
-  const int64_t batch_head_kv =
-      static_cast<int64_t>(batch) * (args.heads_q / args.heads_per_kv_head) + head_kv;
-  int* sem = args.dkv_semaphore + batch_head_kv * args.num_n_blocks + n_block;
+  const int turn = blk.head - blk.head_kv * args.heads_per_kv_head;  // place in the group
+  const int heads_k = args.heads_q / args.heads_per_kv_head;
+  // The key block's semaphore: per (batch, head_k, key block); varlen per
+  // (head_k, key block among all the sequences'), the CTA's x.
+  int* sem = args.dkv_semaphore +
+             (kVarlen ? static_cast<int64_t>(blk.head_kv) * args.num_n_blocks + blockIdx.x
+                      : (static_cast<int64_t>(blk.q.batch) * heads_k + blk.head_kv) *
+                                args.num_n_blocks +
+                            blk.n_block);
   const bool first_thread = threadIdx.x == T::kWarpgroupThreads;
   if (args.deterministic) {
     if (first_thread) {
@@ -77,11 +82,13 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
     }
     named_barrier_sync(NamedBarrier::kBwdDkvStored, T::kConsumerThreads);
   }
-  const int64_t base = batch_head_kv * args.seqlen_k;
+  // The sums are (batch, head_k, seqlen_k, headdim); varlen: batch 1 of total_k keys.
+  const int64_t base =
+      (static_cast<int64_t>(blk.q.batch) * heads_k + blk.head_kv) * args.seqlen_k + blk.k_row0;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = key0 + 8 * r;
-    if (key >= args.seqlen_k) {
+    if (key >= blk.seqlen_k) {
       continue;
     }
     float* dk_row = args.dk_accum + (base + key) * T::kHeadDim + col0;
@@ -103,17 +110,52 @@ __device__ void store_dkv(const KernelArgs& args, int n_block, int head, int bat
   }
 }
 
-// The key block of this CTA: blockIdx.x, or in deterministic causal runs the
-// last first, the order in which they add into dQ (Mainloop::dq_turn).
-template <bool kCausal>
-__device__ int key_block_of(const KernelArgs& args) {
+// This CTA's key block, or false when it has none (varlen: past the last
+// sequence's). In deterministic causal runs the key blocks of a sequence
+// go last first, the order in which they add into dQ (Mainloop::dq_turn),
+// so that the CTAs start in it too and none waits for one that cannot start.
+template <class T, bool kCausal, bool kVarlen>
+__device__ bool block_of(const KernelArgs& args, KeyBlock* blk) {
   const int x = static_cast<int>(blockIdx.x);
-  return kCausal && args.deterministic ? args.num_n_blocks - 1 - x : x;
+  const int head = static_cast<int>(blockIdx.y);
+  const int head_kv = head / args.heads_per_kv_head;
+  const bool reversed = kCausal && args.deterministic;
+  if constexpr (kVarlen) {
+    const VarlenSequences& varlen = args.varlen;
+    if (x >= varlen.block_prefix[varlen.batch]) {
+      return false;
+    }
+    const VarlenTile tile = VarlenTiles{varlen.block_prefix, varlen.batch, 1}.tile(x);
+    const SeqRange k = seq_range(varlen.cu_seqlens_k, varlen.seqused_k, tile.batch,
+                                 varlen.total_k);
+    *blk = {reversed ? tile.m_blocks - 1 - tile.m_block : tile.m_block,
+            head,
+            head_kv,
+            query_rows(varlen, tile.batch, head, args.heads_q, args.seqlen_q,
+                       args.padded_seqlen_q, T::kBlockM),
+            k.begin,
+            k.length};
+  } else {
+    const int batch = static_cast<int>(blockIdx.z);
+    const int n_block = reversed ? args.num_n_blocks - 1 - x : x;
+    *blk = {n_block,
+            head,
+            head_kv,
+            query_rows(VarlenSequences{}, batch, head, args.heads_q, args.seqlen_q,
+                       args.padded_seqlen_q, T::kBlockM),
+            0,
+            args.seqlen_k};
+  }
+  return true;
 }
 
-template <class T, bool kCausal>
+template <class T, bool kCausal, bool kVarlen>
 __global__ void __launch_bounds__(T::kThreads, 1)
     backward_kernel(const __grid_constant__ KernelArgs args) {
+  KeyBlock blk;
+  if (!block_of<T, kCausal, kVarlen>(args, &blk)) {
+    return;  // the whole CTA, before any barrier
+  }
   SharedStorage<T>& smem = aligned_shared_storage<SharedStorage<T>, kSmemAlignSlack>();
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / T::kWarpgroupThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
@@ -131,19 +173,14 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   fence_barrier_init();
   __syncthreads();
 
-  const int n_block = key_block_of<kCausal>(args);
-  const int head = static_cast<int>(blockIdx.y);
-  const int batch = static_cast<int>(blockIdx.z);
-  const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k};
+  const Mask<T::kBlockM, T::kBlockN, kCausal> mask{blk.q.length, blk.seqlen_k};
+  // Dense: the kernel's parameter, not a register live across the loop.
   Mainloop<T, kCausal> mainloop{smem,
                                 args,
                                 mask,
-                                n_block,
-                                head,
-                                batch,
-                                head / args.heads_per_kv_head,
-                                mask.m_block_begin(n_block),
-                                args.num_m_blocks};
+                                blk,
+                                mask.m_block_begin(blk.n_block),
+                                kVarlen ? mask.num_m_blocks() : args.num_m_blocks};
   if (role != WarpRole::kConsumer) {
     registers_release<T::kProducerRegisters>();
     if (role == WarpRole::kProducer) {
@@ -162,7 +199,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       dv[i] = 0.0f;
     }
     mainloop.compute(warpgroup - 1, dk, dv);
-    store_dkv<T>(args, n_block, head, batch, mainloop.head_kv, warpgroup - 1, dk, dv);
+    store_dkv<T, kVarlen>(args, blk, warpgroup - 1, dk, dv);
   }
 }
 

@@ -6,13 +6,17 @@
 #include <cstdint>
 
 #include "sm90/common/sync.cuh"
+#include "sm90/common/varlen.hpp"
 #include "sm90/problem.hpp"
 #include "sm90/common/wgmma.cuh"
+#include "workspace.hpp"
 
 namespace flash3::sm90::bwd {
 
 // The main kernel's parameters (a __grid_constant__: TMA reads the maps
-// from parameter space). Grid: (key block, query head, batch).
+// from parameter space). Grid: (key block, query head, batch); varlen:
+// (key block among all the sequences', query head) over tensors of batch 1
+// (kernel.cuh: block_of).
 struct KernelArgs {
   CUtensorMap q;     // box (64 cols, kBlockM rows)
   CUtensorMap dout;  // box (64 cols, kBlockM rows)
@@ -31,16 +35,27 @@ struct KernelArgs {
   const float* dpsum;
   int* dq_semaphore;   // deterministic: per (batch, head_q, query block)
   int* dkv_semaphore;  // deterministic GQA: per (batch, head_k, key block)
-  int seqlen_q;
+  VarlenSequences varlen;  // block_prefix: the key blocks' (workspace.hpp: key_prefix)
+  int seqlen_q;  // varlen: the totals
   int seqlen_k;
   int heads_q;
   int heads_per_kv_head;
-  int num_m_blocks;
-  int num_n_blocks;
+  int num_m_blocks;  // per (batch, head); varlen: unused (per sequence)
+  int num_n_blocks;  // per (batch, head); varlen: of all the sequences, at most
   int padded_seqlen_q;
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
   bool deterministic;
+};
+
+// What one CTA works on (kernel.cuh: block_of): a key block of one query
+// head, and its sequence's rows (dense: its batch's).
+struct KeyBlock {
+  int n_block;  // in the sequence
+  int head, head_kv;
+  QueryRows q;  // the sequence's queries; q.batch is the tensors' batch for k and v too
+  int k_row0;   // the sequence's first key row in k and v (dense: 0)
+  int seqlen_k;
 };
 
 // T::kDimSplit: P^T handed from warpgroup 0 to the other (mainloop.cuh:

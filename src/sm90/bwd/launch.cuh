@@ -14,15 +14,33 @@
 #include "prepass.cuh"
 #include "sm90/common/launch.hpp"
 #include "sm90/common/tensor_map.hpp"
+#include "sm90/common/varlen_prefix.cuh"
 #include "workspace.hpp"
 
 namespace flash3::detail {
 
 namespace bwd_launch {
 
-inline Status cuda_failure(const char* what, cudaError_t err) {
-  return {StatusCode::kCudaError, std::string(kBackwardCall) + ": " + what + " failed: " +
+// The call's name, as its messages begin.
+inline const char* call_of(const BackwardParams& p) {
+  return p.varlen_batch > 0 ? kBackwardVarlenCall : kBackwardCall;
+}
+
+inline Status cuda_failure(const BackwardParams& p, const char* what, cudaError_t err) {
+  return {StatusCode::kCudaError, std::string(call_of(p)) + ": " + what + " failed: " +
                                       cudaGetErrorName(err) + ": " + cudaGetErrorString(err)};
+}
+
+// The sequences of a varlen call (batch 0: dense), with the key blocks'
+// prefix sums in the workspace.
+inline sm90::VarlenSequences varlen_of(const BackwardParams& p,
+                                       const sm90::bwd::WorkspaceLayout& w, uint8_t* ws) {
+  if (p.varlen_batch == 0) {
+    return {};
+  }
+  return {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_q, p.seqused_k,
+          reinterpret_cast<const int*>(ws + w.key_prefix), p.varlen_batch, p.seqlen_q,
+          p.seqlen_k};
 }
 
 // The caller's workspace, or this stream's (not while it is captured).
@@ -40,7 +58,7 @@ inline Status workspace_of(const BackwardParams& p, size_t bytes, cudaStream_t s
                            capture != cudaStreamCaptureStatusNone;
     (void)cudaGetLastError();
     return {capturing ? StatusCode::kInvalidArgument : StatusCode::kCudaError,
-            std::string(kBackwardCall) +
+            std::string(call_of(p)) +
                 (capturing ? ": options.workspace is null while the stream is being captured "
                              "into a CUDA graph; pass a workspace of backward_workspace_size() "
                              "bytes"
@@ -50,7 +68,7 @@ inline Status workspace_of(const BackwardParams& p, size_t bytes, cudaStream_t s
   return {};
 }
 
-template <class T, bool kCausal>
+template <class T, bool kCausal, bool kVarlen>
 Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w, uint8_t* ws,
                    cudaStream_t stream) {
   constexpr int kSmemBytes = sm90::bwd::shared_storage_bytes<T>();
@@ -82,6 +100,7 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(ws + w.dq_semaphore) : nullptr;
   args.dkv_semaphore =
       p.deterministic && w.gqa ? reinterpret_cast<int*>(ws + w.dkv_semaphore) : nullptr;
+  args.varlen = varlen_of(p, w, ws);
   args.seqlen_q = p.seqlen_q;
   args.seqlen_k = p.seqlen_k;
   args.heads_q = p.heads_q;
@@ -93,11 +112,12 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.scale_log2 = p.softmax_scale * sm90::kLog2e;
   args.deterministic = p.deterministic;
 
-  constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal>;
+  constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal, kVarlen>;
   const KernelSetup setup = setup_kernel<kernel, 1>(T::kThreads, kSmemBytes, p.device);
   if (setup.err != cudaSuccess) {
-    return cuda_failure("setting up the kernel", setup.err);
+    return cuda_failure(p, "setting up the kernel", setup.err);
   }
+  // Varlen: p.batch is 1, and num_n_blocks bounds every sequence's key blocks together.
   kernel<<<dim3(w.num_n_blocks, p.heads_q, p.batch), T::kThreads, kSmemBytes, stream>>>(args);
   return {};
 }
@@ -108,11 +128,14 @@ template <DType kDType, int kHeadDim>
 Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   using T = sm90::bwd::Traits<kDType, kHeadDim>;
   const auto w = sm90::bwd::WorkspaceLayout::of(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q,
-                                                p.heads_k, p.headdim, p.deterministic);
-  if (w.padded_seqlen_q > INT_MAX || p.batch > 65535 || p.heads_q > 65535) {
+                                                p.heads_k, p.headdim, p.deterministic,
+                                                p.varlen_batch);
+  const int row_batches = p.varlen_batch > 0 ? p.varlen_batch : p.batch;
+  if (w.padded_seqlen_q > INT_MAX || row_batches > 65535 || p.heads_q > 65535) {
     return {StatusCode::kInvalidArgument,
-            std::string(kBackwardCall) + ": batch and heads_q must be at most 65535 and " +
-                "seqlen_q rounded up to " + std::to_string(T::kBlockM) + " at most 2^31-1"};
+            std::string(bwd_launch::call_of(p)) + ": the batch (or varlen.batch) and heads_q must be at most " +
+                "65535 and the query rows, rounded up to " + std::to_string(T::kBlockM) +
+                " per sequence, at most 2^31-1"};
   }
   uint8_t* ws = nullptr;
   if (Status s = bwd_launch::workspace_of(p, w.bytes, stream, &ws); !s.ok()) {
@@ -127,13 +150,24 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
     }
   }
   if (err == cudaSuccess && p.deterministic) {
-    err = cudaMemsetAsync(ws + w.dq_semaphore, 0, w.bytes - w.dq_semaphore, stream);
+    const size_t end = p.varlen_batch > 0 ? w.key_prefix : w.bytes;
+    err = cudaMemsetAsync(ws + w.dq_semaphore, 0, end - w.dq_semaphore, stream);
   }
   if (err != cudaSuccess) {
-    return bwd_launch::cuda_failure("zeroing the workspace", err);
+    return bwd_launch::cuda_failure(p, "zeroing the workspace", err);
+  }
+  const sm90::VarlenSequences varlen = bwd_launch::varlen_of(p, w, ws);
+  if (p.varlen_batch > 0) {
+    sm90::varlen_prefix_kernel<T::kBlockN><<<1, sm90::kVarlenPrefixThreads, 0, stream>>>(
+        p.cu_seqlens_k, p.seqused_k, p.varlen_batch, p.seqlen_k,
+        reinterpret_cast<int*>(ws + w.key_prefix));
   }
 
-  const dim3 row_blocks(w.num_m_blocks, p.heads_q, p.batch);
+  // The per-query-block passes: (query block, head, batch), or varlen (a
+  // stride over each sequence's query blocks, head, sequence).
+  const dim3 row_blocks(
+      p.varlen_batch > 0 ? (p.max_seqlen_q + T::kBlockM - 1) / T::kBlockM : w.num_m_blocks,
+      p.heads_q, row_batches);
   sm90::bwd::PrepassArgs pre{};
   pre.out = p.out;
   pre.dout = p.dout;
@@ -143,13 +177,20 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
   pre.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  pre.varlen = varlen;
   pre.seqlen_q = p.seqlen_q;
   pre.heads_q = p.heads_q;
   pre.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
   sm90::bwd::prepass_kernel<T><<<row_blocks, sm90::bwd::kPrepassThreads, 0, stream>>>(pre);
 
-  Status s = p.causal ? bwd_launch::launch_main<T, true>(p, w, ws, stream)
-                      : bwd_launch::launch_main<T, false>(p, w, ws, stream);
+  Status s = Status{};
+  if (p.varlen_batch > 0) {
+    s = p.causal ? bwd_launch::launch_main<T, true, true>(p, w, ws, stream)
+                 : bwd_launch::launch_main<T, false, true>(p, w, ws, stream);
+  } else {
+    s = p.causal ? bwd_launch::launch_main<T, true, false>(p, w, ws, stream)
+                 : bwd_launch::launch_main<T, false, false>(p, w, ws, stream);
+  }
   if (!s.ok()) {
     return s;
   }
@@ -158,6 +199,7 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   post.dq_accum = reinterpret_cast<const float*>(ws + w.dq_accum);
   post.dq = p.dq;
   post.dq_stride = p.dq_stride;
+  post.varlen = varlen;
   post.seqlen_q = p.seqlen_q;
   post.heads_q = p.heads_q;
   post.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
@@ -178,11 +220,13 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
     const int64_t blocks =
         (kv.quads + sm90::bwd::kPostpassThreads - 1) / sm90::bwd::kPostpassThreads;
     const int grid = static_cast<int>(blocks < 8 * p.num_sms ? blocks : 8 * p.num_sms);
-    sm90::bwd::dkv_postpass_kernel<T><<<grid, sm90::bwd::kPostpassThreads, 0, stream>>>(kv);
+    if (grid > 0) {
+      sm90::bwd::dkv_postpass_kernel<T><<<grid, sm90::bwd::kPostpassThreads, 0, stream>>>(kv);
+    }
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) {
-    return bwd_launch::cuda_failure("launch", err);
+    return bwd_launch::cuda_failure(p, "launch", err);
   }
   return {};
 }

@@ -39,14 +39,9 @@ struct Mainloop {
 
   SharedStorage<T>& smem;
   const KernelArgs& args;
-  const Mask<kBlockM, kBlockN, kCausal> mask;
-  int n_block, head, batch, head_kv;
+  const Mask<kBlockM, kBlockN, kCausal> mask;  // of the block's sequence
+  const KeyBlock blk;
   int m_begin, m_end;  // the query blocks that see this key block
-
-  // Offset of (batch, head)'s first row in the padded per-row arrays.
-  __device__ int64_t row_base() const {
-    return padded_rows_before(batch, head, args.heads_q, args.padded_seqlen_q);
-  }
 
   // ---------------------------------------------------------------- producer (one thread)
   __device__ void load_all() {
@@ -54,13 +49,13 @@ struct Mainloop {
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
       tma_load(&args.k, &smem.kv_full.word, smem.k + b * kBlockN * kSwizzleCols,
-               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+               b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
       tma_load(&args.v, &smem.kv_full.word, smem.v + b * kBlockN * kSwizzleCols,
-               b * kSwizzleCols, n_block * kBlockN, head_kv, batch);
+               b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
     }
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
-      const int64_t rows = row_base() + m * kBlockM;
+      const int64_t rows = blk.q.ws_row0 + m * kBlockM;
       smem.q_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds it free
       load_rows(&args.q, smem.q_full[pipe.stage], smem.q[pipe.stage],
                 smem.lse_log2[pipe.stage], args.lse_log2 + rows, m);
@@ -76,7 +71,7 @@ struct Mainloop {
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
       tma_load(map, &full.word, tile + b * kBlockM * kSwizzleCols, b * kSwizzleCols,
-               m * kBlockM, head, batch);
+               blk.q.row0 + m * kBlockM, blk.head, blk.q.batch);
     }
     bulk_load(&full.word, stat, stat_src, T::kRowBytes);
   }
@@ -90,7 +85,7 @@ struct Mainloop {
   // the CTAs in that order too (kernel.cuh: key_block_of), so that no CTA
   // waits for one that cannot start.
   __device__ int dq_turn(int m) const {
-    return kCausal ? mask.n_block_end(m) - 1 - n_block : n_block;
+    return kCausal ? mask.n_block_end(m) - 1 - blk.n_block : blk.n_block;
   }
 
   // Per query block: waits for the consumers' dQ tile, adds it into the
@@ -103,14 +98,13 @@ struct Mainloop {
     }
     for (int m = m_begin; m < m_end; ++m) {
       named_barrier_sync(NamedBarrier::kBwdDqFull, kDqSyncThreads);
-      int* sem = args.dq_semaphore +
-                 (static_cast<int64_t>(batch) * args.heads_q + head) * args.num_m_blocks + m;
+      int* sem = args.dq_semaphore + blk.q.ws_row0 / kBlockM + m;
       const int turn = dq_turn(m);
       if (leader) {
         if (args.deterministic) {
           semaphore_wait(sem, turn);
         }
-        bulk_reduce_add_f32(args.dq_accum + (row_base() + m * kBlockM) * kHeadDim, smem.dq,
+        bulk_reduce_add_f32(args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim, smem.dq,
                             T::kDqTileFloats * sizeof(float));
         tma_store_commit();
         tma_store_wait_read();
@@ -258,8 +252,8 @@ struct Mainloop {
   // log-sum-exp), and dP^T -> dS^T = P^T (dP^T - rowsum(dO O)).
   __device__ void probabilities(float (&s)[T::kSAccRegs], int stage, int m, int key_row0,
                                 int col) const {
-    if (mask.needs_mask(m, n_block)) {
-      mask.apply_transposed(s, n_block * kBlockN + key_row0, m * kBlockM + col);
+    if (mask.needs_mask(m, blk.n_block)) {
+      mask.apply_transposed(s, blk.n_block * kBlockN + key_row0, m * kBlockM + col);
     }
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {

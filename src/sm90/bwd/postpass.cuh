@@ -1,7 +1,7 @@
 // The backward's post-passes: dQ from the workspace's fp32 sums (in the
 // main kernel's thread order, mainloop.cuh: stage_dq) scaled into the 16-bit
-// output, per (query block, head, batch); and with GQA, dK and dV from
-// their fp32 sums.
+// output, per (query block, head, batch or sequence); and with GQA, dK and
+// dV from their fp32 sums.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,7 @@ struct PostpassArgs {
   const float* dq_accum;
   void* dq;
   flash3::detail::Strides3 dq_stride;  // elements
+  VarlenSequences varlen;  // batch 0: dense
   int seqlen_q;
   int heads_q;
   int padded_seqlen_q;
@@ -41,39 +42,44 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
   // apart, so its 32 4-byte writes hit 32 banks.
   constexpr int kRowElements = T::kHeadDim + 16 / static_cast<int>(sizeof(Element));
   constexpr int kPieces = T::kHeadDim * static_cast<int>(sizeof(Element)) / 16;  // per row
+  constexpr int kPieceElements = 16 / static_cast<int>(sizeof(Element));
   __shared__ __align__(16) Element tile[T::kBlockM * kRowElements];
-  const int m_block = static_cast<int>(blockIdx.x);
   const int head = static_cast<int>(blockIdx.y);
-  const int batch = static_cast<int>(blockIdx.z);
-  const float4* accum = reinterpret_cast<const float4*>(
-      args.dq_accum + (padded_rows_before(batch, head, args.heads_q, args.padded_seqlen_q) +
-                       m_block * T::kBlockM) *
-                          T::kHeadDim);
-  for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4; i += kPostpassThreads) {
-    const float4 v = accum[i];
-    // Chunk c of thread t of warpgroup w: registers 4c .. 4c + 3 of its dQ,
-    // rows g and g + 8 of its warp's 16 in row group c / (regs / 4).
-    const int t = i % kThreads, chunk = (i / kThreads) % kChunks, w = i / (kThreads * kChunks);
-    const int reg = 4 * chunk;
-    const int rg = reg / T::kDqAccRegs, in_group = reg % T::kDqAccRegs;
-    const int lane = t % 32;
-    const int row = rg * kMmaM + (t / 32) * 16 + lane / 4;  // in the block
-    const int col = w * T::kDqCols + 8 * (in_group / 4) + 2 * (lane % 4);
-    *reinterpret_cast<uint32_t*>(&tile[row * kRowElements + col]) =
-        pack2<Element>(v.x * args.softmax_scale, v.y * args.softmax_scale);
-    *reinterpret_cast<uint32_t*>(&tile[(row + 8) * kRowElements + col]) =
-        pack2<Element>(v.z * args.softmax_scale, v.w * args.softmax_scale);
-  }
-  __syncthreads();
-  Element* dq = static_cast<Element*>(args.dq) + args.dq_stride.offset(batch, 0, head);
-  const int rows = min(T::kBlockM, args.seqlen_q - m_block * T::kBlockM);
-  for (int i = static_cast<int>(threadIdx.x); i < rows * kPieces; i += kPostpassThreads) {
-    const int row = i / kPieces, piece = i % kPieces;
-    constexpr int kPieceElements = 16 / static_cast<int>(sizeof(Element));
-    *reinterpret_cast<uint4*>(dq + static_cast<int64_t>(m_block * T::kBlockM + row) *
-                                       args.dq_stride.seq +
-                              piece * kPieceElements) =
-        *reinterpret_cast<const uint4*>(&tile[row * kRowElements + piece * kPieceElements]);
+  const QueryRows q = query_rows(args.varlen, static_cast<int>(blockIdx.z), head, args.heads_q,
+                                 args.seqlen_q, args.padded_seqlen_q, T::kBlockM);
+  const int m_blocks = (q.length + T::kBlockM - 1) / T::kBlockM;
+  Element* dq = static_cast<Element*>(args.dq) + args.dq_stride.offset(q.batch, q.row0, head);
+  // As the pre-pass: query blocks x, x + gridDim.x, ... of the sequence.
+  for (int m_block = static_cast<int>(blockIdx.x); m_block < m_blocks;
+       m_block += static_cast<int>(gridDim.x)) {
+    const float4* accum = reinterpret_cast<const float4*>(
+        args.dq_accum + (q.ws_row0 + m_block * T::kBlockM) * T::kHeadDim);
+    for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4;
+         i += kPostpassThreads) {
+      const float4 v = accum[i];
+      // Chunk c of thread t of warpgroup w: registers 4c .. 4c + 3 of its dQ,
+      // rows g and g + 8 of its warp's 16 in row group c / (regs / 4).
+      const int t = i % kThreads, chunk = (i / kThreads) % kChunks, w = i / (kThreads * kChunks);
+      const int reg = 4 * chunk;
+      const int rg = reg / T::kDqAccRegs, in_group = reg % T::kDqAccRegs;
+      const int lane = t % 32;
+      const int row = rg * kMmaM + (t / 32) * 16 + lane / 4;  // in the block
+      const int col = w * T::kDqCols + 8 * (in_group / 4) + 2 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(&tile[row * kRowElements + col]) =
+          pack2<Element>(v.x * args.softmax_scale, v.y * args.softmax_scale);
+      *reinterpret_cast<uint32_t*>(&tile[(row + 8) * kRowElements + col]) =
+          pack2<Element>(v.z * args.softmax_scale, v.w * args.softmax_scale);
+    }
+    __syncthreads();
+    const int rows = min(T::kBlockM, q.length - m_block * T::kBlockM);
+    for (int i = static_cast<int>(threadIdx.x); i < rows * kPieces; i += kPostpassThreads) {
+      const int row = i / kPieces, piece = i % kPieces;
+      *reinterpret_cast<uint4*>(dq + static_cast<int64_t>(m_block * T::kBlockM + row) *
+                                         args.dq_stride.seq +
+                                piece * kPieceElements) =
+          *reinterpret_cast<const uint4*>(&tile[row * kRowElements + piece * kPieceElements]);
+    }
+    __syncthreads();  // the tile is read before the next block writes it
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "sm90/common/varlen.hpp"
 #include "sm90/problem.hpp"  // FLASH3_HOST_DEVICE
 
 namespace flash3::sm90::bwd {
@@ -25,11 +26,39 @@ constexpr int block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
 //  - dk_accum, dv_accum (GQA only): fp32 (batch, head_k, seqlen_k, headdim);
 //  - dq_semaphore (deterministic only): int32 per (batch, head_q, query block),
 //    dkv_semaphore (deterministic GQA only): int32 per (batch, head_k, key block).
-// Rows before (batch, head)'s first in the per-query-row regions (dq_accum
-// in rows of headdim floats, lse_log2, dpsum), padded_seqlen_q rows each.
-FLASH3_HOST_DEVICE inline int64_t padded_rows_before(int batch, int head, int heads_q,
-                                                     int padded_seqlen_q) {
-  return (static_cast<int64_t>(batch) * heads_q + head) * padded_seqlen_q;
+//  - key_prefix (varlen only): the sequences' key-block prefix sums
+//    (varlen.hpp: block_prefix), which place the main kernel's CTAs.
+// A varlen batch is batch 1 of total_q query rows, whose per-row regions
+// hold each head's sequences apart: sequence b's rows start at
+// round_down(begin_b + b * block_m, block_m), so every sequence keeps its
+// whole blocks (the next one begins at least its length later) and a head
+// needs at most total_q + batch * block_m rows (padded_seqlen_q); its
+// key blocks number at most total_k / block_n + batch (num_n_blocks).
+
+// The query rows of one (sequence, head): where they are in the tensors
+// and where in the per-query-row regions (dq_accum in rows of headdim
+// floats, lse_log2, dpsum).
+struct QueryRows {
+  int batch;        // the tensors' batch (varlen: 0)
+  int row0;         // the sequence's first row in them (dense: 0)
+  int length;       // its rows
+  int64_t ws_row0;  // its first row in the per-row regions, a multiple of block_m
+  int64_t lse_row0; // its first row's log-sum-exp in softmax_lse
+};
+
+// Sequence b (dense: batch b) of head `head`; varlen.batch == 0: dense.
+FLASH3_HOST_DEVICE inline QueryRows query_rows(const VarlenSequences& varlen, int b, int head,
+                                               int heads_q, int seqlen_q,
+                                               int64_t padded_seqlen_q, int block_m) {
+  if (varlen.batch == 0) {
+    const int64_t batch_head = static_cast<int64_t>(b) * heads_q + head;
+    return {b, 0, seqlen_q, batch_head * padded_seqlen_q, batch_head * seqlen_q};
+  }
+  const SeqRange q = seq_range(varlen.cu_seqlens_q, varlen.seqused_q, b, varlen.total_q);
+  const int64_t start = (static_cast<int64_t>(q.begin) + static_cast<int64_t>(b) * block_m) /
+                        block_m * block_m;
+  return {0, q.begin, q.length, head * padded_seqlen_q + start,
+          static_cast<int64_t>(head) * varlen.total_q + q.begin};
 }
 
 struct WorkspaceLayout {
@@ -37,19 +66,27 @@ struct WorkspaceLayout {
   int num_m_blocks = 0, num_n_blocks = 0;
   int64_t padded_seqlen_q = 0;  // num_m_blocks * block_m
   size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0;
-  size_t dq_semaphore = 0, dkv_semaphore = 0;
+  size_t dq_semaphore = 0, dkv_semaphore = 0, key_prefix = 0;
   size_t bytes = 0;  // the whole workspace
   bool gqa = false;
 
   static constexpr size_t kAlign = 256;
 
+  // Varlen (varlen_batch sequences): batch 1, seqlen_q and seqlen_k the totals.
   static WorkspaceLayout of(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_k,
-                            int headdim, bool deterministic) {
+                            int headdim, bool deterministic, int varlen_batch = 0) {
     WorkspaceLayout w;
     w.block_m = bwd::block_m(headdim);
     w.block_n = bwd::block_n(headdim);
-    w.num_m_blocks = (seqlen_q + w.block_m - 1) / w.block_m;
-    w.num_n_blocks = (seqlen_k + w.block_n - 1) / w.block_n;
+    if (varlen_batch > 0) {
+      w.num_m_blocks = static_cast<int>(
+          (static_cast<int64_t>(seqlen_q) + static_cast<int64_t>(varlen_batch + 1) * w.block_m -
+           1) / w.block_m);
+      w.num_n_blocks = max_query_blocks(seqlen_k, varlen_batch, w.block_n);
+    } else {
+      w.num_m_blocks = (seqlen_q + w.block_m - 1) / w.block_m;
+      w.num_n_blocks = (seqlen_k + w.block_n - 1) / w.block_n;
+    }
     w.padded_seqlen_q = static_cast<int64_t>(w.num_m_blocks) * w.block_m;
     w.gqa = heads_q != heads_k;
     const size_t rows_q = static_cast<size_t>(batch) * heads_q * w.padded_seqlen_q;
@@ -74,6 +111,9 @@ struct WorkspaceLayout {
         w.dkv_semaphore =
             take(static_cast<size_t>(batch) * heads_k * w.num_n_blocks * sizeof(int32_t));
       }
+    }
+    if (varlen_batch > 0) {
+      w.key_prefix = take((static_cast<size_t>(varlen_batch) + 1) * sizeof(int32_t));
     }
     w.bytes = at;
     return w;

@@ -5,7 +5,7 @@
 
 #include "sm90/problem.hpp"
 #include "kv_cache.hpp"
-#include "varlen.hpp"
+#include "sm90/common/varlen.hpp"
 #include "tail_split.hpp"
 #include "sm90/common/sync.cuh"
 #include "sm90/common/wgmma.cuh"

@@ -14,6 +14,7 @@
 #include "decode.hpp"
 #include "grid.hpp"
 #include "sm90/common/launch.hpp"
+#include "sm90/common/varlen_prefix.cuh"
 #include "sm90/common/tensor_map.hpp"
 
 namespace flash3::detail {
@@ -45,59 +46,6 @@ TensorMapShape v_map_shape(const ForwardParams& p) {
     return {p.v, p.dtype, p.batch, p.headdim, p.heads_k, pad, stride};
   } else {
     return {p.v, p.dtype, kv_batch(p), kv_rows(p), p.heads_k, p.headdim, p.v_stride};
-  }
-}
-
-// Varlen's pre-pass (one CTA): prefix sums of each sequence's query blocks,
-// saturated (varlen.hpp: block_prefix), in chunks of kVarlenPrefixThreads
-// sequences, each chunk scanned by warp shuffles (64-bit: overlapping
-// sequences of malformed offsets may sum past 2^31) and carried into the
-// next.
-inline constexpr int kVarlenPrefixThreads = 1024;
-template <int kBlockM>
-__global__ void __launch_bounds__(kVarlenPrefixThreads)
-    varlen_prefix_kernel(const int* cu_seqlens_q, const int* seqused_q, int batch, int total_q,
-                         int* prefix) {
-  __shared__ long long warp_sums[kVarlenPrefixThreads / 32];
-  __shared__ long long carry;
-  const long long cap = sm90::fwd::max_query_blocks(total_q, batch, kBlockM);
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  if (threadIdx.x == 0) {
-    carry = 0;
-  }
-  __syncthreads();
-  for (int base = 0; base < batch; base += kVarlenPrefixThreads) {
-    const int b = base + static_cast<int>(threadIdx.x);
-    const long long blocks =
-        b < batch
-            ? (sm90::fwd::seq_range(cu_seqlens_q, seqused_q, b, total_q).length + kBlockM - 1) /
-                  kBlockM
-            : 0;
-    long long sum = blocks;  // inclusive scan within the warp
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const long long other = __shfl_up_sync(0xffffffffu, sum, d);
-      sum += lane >= d ? other : 0;
-    }
-    if (lane == 31) {
-      warp_sums[warp] = sum;
-    }
-    __syncthreads();
-    long long before = carry;
-    for (int w = 0; w < warp; ++w) {
-      before += warp_sums[w];
-    }
-    if (b < batch) {
-      prefix[b] = static_cast<int>(min(before + sum - blocks, cap));  // exclusive
-    }
-    __syncthreads();
-    if (threadIdx.x == kVarlenPrefixThreads - 1) {
-      carry = before + sum;
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    prefix[batch] = static_cast<int>(min(carry, cap));
   }
 }
 
@@ -137,7 +85,7 @@ template <class T, bool kCausal, int kSmemBytes>
 Status launch_varlen(const ForwardParams& p, cudaStream_t stream, sm90::fwd::KernelArgs& args) {
   const long long most_tiles =
       static_cast<long long>(p.heads_q) *
-      sm90::fwd::max_query_blocks(p.seqlen_q, p.varlen_batch, T::kBlockM);
+      sm90::max_query_blocks(p.seqlen_q, p.varlen_batch, T::kBlockM);
   if (most_tiles > INT_MAX) {
     return {StatusCode::kInvalidArgument,
             std::string(kForwardVarlenCall) + ": heads_q * (total_q / " +
@@ -152,7 +100,7 @@ Status launch_varlen(const ForwardParams& p, cudaStream_t stream, sm90::fwd::Ker
     if (Status s = varlen_prefix_buffer(p, stream, &prefix); !s.ok()) {
       return s;
     }
-    varlen_prefix_kernel<T::kBlockM><<<1, kVarlenPrefixThreads, 0, stream>>>(
+    sm90::varlen_prefix_kernel<T::kBlockM><<<1, sm90::kVarlenPrefixThreads, 0, stream>>>(
         p.cu_seqlens_q, p.seqused_q, p.varlen_batch, p.seqlen_q, prefix);
     err = cudaGetLastError();
   }

@@ -24,7 +24,7 @@
 
 #include "tail_split.hpp"
 #include "kv_cache.hpp"
-#include "varlen.hpp"
+#include "sm90/common/varlen.hpp"
 
 namespace flash3::sm90::fwd {
 

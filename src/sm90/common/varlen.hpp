@@ -17,7 +17,7 @@
 
 #include "../problem.hpp"  // FLASH3_HOST_DEVICE
 
-namespace flash3::sm90::fwd {
+namespace flash3::sm90 {
 
 // Sequence b's rows [begin, begin + length) of a packed tensor of `total`
 // rows, from cu_seqlens (batch + 1 offsets), clamped into [0, total], and
@@ -107,4 +107,4 @@ struct VarlenSequences {
   int total_k = 0;
 };
 
-}  // namespace flash3::sm90::fwd
+}  // namespace flash3::sm90
