@@ -245,7 +245,8 @@ Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardO
 // of dq outside every sequence's used queries (seqused_q), and of dk and dv
 // outside every sequence's used keys, are not written (with GQA dk and dv
 // are, as zeros); the offsets and counts must not overlap a gradient or the
-// workspace.
+// workspace. As in forward_varlen, rows outside the sequences are read where
+// a tile overlaps them and their contribution zeroed, so they must be finite.
 Status backward_varlen(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& out, const float* softmax_lse, const Tensor& dq,
                        const Tensor& dk, const Tensor& dv, const Varlen& varlen,
