@@ -105,7 +105,7 @@ constexpr struct {
                     {Layout::kHeadMajor, {2, 300, 211, 4, 2}},
                     {Layout::kPadded, {3, 211, 300, 4, 1}},
                     // decoding's packed GQA view of strided q and out
-                    {Layout::kPackedQkv, {2, 1, 3000, 8, 2}},
+                    {Layout::kPadded, {2, 1, 3000, 8, 2}},
                     {Layout::kHeadMajor, {2, 1, 3000, 8, 2}}};
 
 constexpr float kCustomScales[] = {0.5f, 0.03f};

@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <climits>
+#include <limits>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -475,6 +476,13 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
     TORCH_CHECK_VALUE(t.dim() == 3, "flash3: ", name,
                       " must be a 3-d tensor (total_k, heads_k, headdim) for a varlen batch");
   }
+  if (q.size(0) == 0 || k.size(0) == 0) {
+    // No rows, or no sequence has a key (FlashAttention-3 takes both): what the
+    // kernels give rows that see no key, without a launch over empty tensors.
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+    return {out, lse};
+  }
   const Tensor q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0), out4 = out.unsqueeze(0);
   const flash3::Tensor q_d = describe(q4, "q", device), k_d = describe(k4, "k", device),
                        v_d = describe(v4, "v", device), out_d = describe(out4, "out", device);
@@ -516,6 +524,13 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k) {
   auto [dq, dk, dv] =
       varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
+  if (q.size(0) == 0 || k.size(0) == 0) {  // as fwd_varlen: nothing attends to anything
+    OnDevice on(q, "q");
+    dq.zero_();
+    dk.zero_();
+    dv.zero_();
+    return {dq, dk, dv};
+  }
   OnDevice on(q, "q");
   const at::Device device = q.device();
   TORCH_CHECK_VALUE(dout_in.dim() == 3 && out.dim() == 3,
