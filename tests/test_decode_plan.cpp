@@ -1,9 +1,10 @@
 // The decoding plans (src/sm90/fwd/decode.hpp): the packed GQA view reaches
 // exactly the elements of q, out and the log-sum-exp the call describes, and
-// which launches take the split-KV variant.
+// which launches take the split-KV variant; a paged cache's TMA boxes.
 #include <gtest/gtest.h>
 
 #include "src/sm90/fwd/decode.hpp"
+#include "src/sm90/fwd/kv_cache.hpp"
 
 namespace {
 
@@ -85,3 +86,24 @@ TEST(DecodePlan, SplitKvForOneQueryBlockOfLongKeys) {
 }
 
 }  // namespace
+
+// A paged cache's TMA boxes: as many rows as both the page and the key
+// block allow, never across a page, never fewer than kPageBoxRows.
+TEST(DecodePlan, PagedBoxesAreAsLargeAsThePagesAllow) {
+  using flash3::sm90::fwd::kPageBoxRows;
+  using flash3::sm90::fwd::paged_box_rows;
+  EXPECT_EQ(paged_box_rows(256, 128), 128);
+  EXPECT_EQ(paged_box_rows(256, 64), 64);
+  EXPECT_EQ(paged_box_rows(64, 128), 64);
+  EXPECT_EQ(paged_box_rows(48, 128), 16);
+  EXPECT_EQ(paged_box_rows(16, 128), kPageBoxRows);
+  EXPECT_EQ(paged_box_rows(256, 176), 16);
+  for (int page = kPageBoxRows; page <= 1024; page += kPageBoxRows) {
+    for (const int block_n : {64, 128}) {
+      const int rows = paged_box_rows(page, block_n);
+      EXPECT_EQ(page % rows, 0) << page;
+      EXPECT_EQ(block_n % rows, 0) << page;
+      EXPECT_GE(rows, kPageBoxRows);
+    }
+  }
+}

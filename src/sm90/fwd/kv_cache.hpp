@@ -33,6 +33,19 @@ struct PageRow {
 // multiple of it (a box never crosses a page), and so is every key block.
 inline constexpr int kPageBoxRows = 16;
 
+// The box a paged cache's key blocks of block_n rows load in: the most rows
+// (a power of two from kPageBoxRows) that divide both the page size and
+// block_n, so a block takes as few TMA loads as its pages allow (16-row
+// boxes made a 256-key-page decode read K and V at half the contiguous
+// cache's rate on the H200).
+FLASH3_HOST_DEVICE constexpr int paged_box_rows(int page_size, int block_n) {
+  int rows = kPageBoxRows;
+  while (rows * 2 <= block_n && block_n % (rows * 2) == 0 && page_size % (rows * 2) == 0) {
+    rows *= 2;
+  }
+  return rows;
+}
+
 struct KvCacheSequences {
   const int* seqlens = nullptr;    // batch entries, device
   const int* batch_idx = nullptr;  // batch entries, device, or null
@@ -43,6 +56,7 @@ struct KvCacheSequences {
   int pages_per_batch = 0;
   int page_size = 0;
   flash3::detail::FastDivisor by_page_size;
+  int box_rows = kPageBoxRows;  // paged_box_rows(page_size, the kernel's block_n)
 
   FLASH3_HOST_DEVICE CacheKeys keys(int b) const {
     const int length = seqlens[b];

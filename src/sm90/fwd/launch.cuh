@@ -29,10 +29,10 @@ inline int kv_batch(const ForwardParams& p) {
 inline int kv_rows(const ForwardParams& p) {
   return p.page_table != nullptr ? p.page_size : p.seqlen_k;
 }
-// K's and V's box rows: a paged cache loads a key block a box per
-// kPageBoxRows rows (each within one page).
-inline int kv_box_rows(const ForwardParams& p, int rows) {
-  return p.page_table != nullptr ? sm90::fwd::kPageBoxRows : rows;
+// K's and V's box rows: a paged cache loads a key block in boxes of
+// paged_box_rows (each within one page).
+inline int kv_box_rows(const ForwardParams& p, int rows, int block_n) {
+  return p.page_table != nullptr ? sm90::fwd::paged_box_rows(p.page_size, block_n) : rows;
 }
 
 // The tensor map of V: rows of the head dim as given (16-bit), or for fp8
@@ -137,8 +137,8 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
                          p.out_stride};
   constexpr int kCols = T::kSwizzleCols;
   for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
-                   make_tensor_map(k, kCols, kv_box_rows(p, T::kKLoadRows), &args.k),
-                   make_tensor_map(v, kCols, kv_box_rows(p, T::kVLoadRows), &args.v),
+                   make_tensor_map(k, kCols, kv_box_rows(p, T::kKLoadRows, T::kBlockN), &args.k),
+                   make_tensor_map(v, kCols, kv_box_rows(p, T::kVLoadRows, T::kBlockN), &args.v),
                    make_tensor_map(o, sm90::kSwizzleCols16, sm90::kMmaM, &args.o)}) {
     if (!s.ok()) {
       return s;
@@ -169,7 +169,8 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
     args.cache = {p.cache_seqlens,      p.cache_batch_idx, p.kv_batch,
                   p.seqlen_k,           p.page_table,      p.page_table_rows,
                   p.pages_per_batch,    p.page_size,
-                  detail::FastDivisor::of(std::max(p.page_size, 1))};
+                  detail::FastDivisor::of(std::max(p.page_size, 1)),
+                  sm90::fwd::paged_box_rows(p.page_size, T::kBlockN)};
   }
 
   const long long tiles = static_cast<long long>(args.num_m_blocks) * p.heads_q * p.batch;
@@ -249,8 +250,10 @@ Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
     if constexpr (!kCausal && !kVarlen) {
       using Long = Traits<kDType, kHeadDim, false, kOutDType>;
       if (wants_split_kv(p.seqlen_q, p.seqlen_k, Long::kBlockM, Long::kBlockN)) {
+        // 16-bit: the kSplitKv kernel (its idle warpgroups drain, traits.cuh);
+        // FP8 keeps the long kernel where that has the tail split.
         using Split = std::conditional_t<
-            Long::kTailSplit, Long,
+            kDType == DType::kFloat8E4M3 && Long::kTailSplit, Long,
             Traits<kDType, kHeadDim, false, kOutDType, false, Sequences::kSplitKv>>;
         return launch_variant<Split, false>(p, stream);
       }

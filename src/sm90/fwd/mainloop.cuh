@@ -212,21 +212,20 @@ struct Mainloop {
     }
   }
   // A K or V tile (16-bit, kBlockN keys) of a paged cache (kv_cache.hpp):
-  // a box of kPageBoxRows rows at a time, each from the page that holds it
-  // (the page table's entries for a block are read once per column block;
-  // they stay in L1).
+  // a box of args.cache.box_rows rows at a time, each from the page that
+  // holds it (the page table's entries for a block are read once per column
+  // block; they stay in L1).
   __device__ void load_paged(const CUtensorMap* map, Mbarrier& full, Element* tile, int n_block,
                              int head_kv, int table_row) {
     static_assert(!T::kFp8 && !T::kClusterKv, "paged caches: 16-bit, no clusters");
-    constexpr int kBoxes = kBlockN / kPageBoxRows;
+    const int box_rows = args.cache.box_rows;
     full.arrive_expect_tx(T::kKVTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
-#pragma unroll
-      for (int i = 0; i < kBoxes; ++i) {
-        const PageRow at = args.cache.page_row(table_row, n_block * kBlockN + i * kPageBoxRows);
-        tma_load(map, &full.word, tile + (b * kBlockN + i * kPageBoxRows) * kSwizzleCols,
-                 b * kSwizzleCols, at.row, head_kv, at.page);
+      for (int row = 0; row < kBlockN; row += box_rows) {
+        const PageRow at = args.cache.page_row(table_row, n_block * kBlockN + row);
+        tma_load(map, &full.word, tile + (b * kBlockN + row) * kSwizzleCols, b * kSwizzleCols,
+                 at.row, head_kv, at.page);
       }
     }
   }
@@ -500,6 +499,12 @@ struct Mainloop {
       release_q();
       return;
     }
+    if constexpr (T::kDrainIdleWarpgroups) {
+      if (wg_row0 >= mask.seqlen_q) {
+        drain(n_begin, n_end, warpgroup, pipe);
+        return;
+      }
+    }
     if constexpr (T::kQkAhead) {
       compute_ahead(n_begin, n_end, warpgroup, pipe, q_addr, o, o_units, softmax, v_scale,
                     mask_block, block_scale);
@@ -569,6 +574,27 @@ struct Mainloop {
       k_pipe.advance();
     }
     last_pv(o, rescale, o_units, p_units, p, v_pipe);
+  }
+
+  // A warpgroup whose rows all lie past the tile's queries
+  // (T::kDrainIdleWarpgroups): no GEMM and no softmax, only its part of the
+  // protocol, per key block its turn and its releases of the K and V stages
+  // (and of Q with the last block's). O stays 0 and the softmax empty, as
+  // for rows that see no key; the epilogue stores none of these rows.
+  __device__ void drain(int n_begin, int n_end, int warpgroup, Pipeline& pipe) {
+    for (int n = n_end - 1; n >= n_begin; --n) {
+      wait_for_turn(warpgroup);
+      wait_full(smem.k_full[pipe.stage], pipe.phase);
+      pass_turn(warpgroup);
+      release(smem.k_empty[pipe.stage]);
+      if (n == n_begin) {
+        release_q();
+      }
+      wait_full(smem.v_full[pipe.stage], pipe.phase);
+      release(smem.v_empty[pipe.stage]);
+      issue_ready_loads();
+      pipe.advance();
+    }
   }
 
   // The last O += P V of the work (key block n_begin), after O's rescale for it.

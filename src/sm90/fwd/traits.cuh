@@ -267,6 +267,10 @@ template <class Config, bool kCausal>
 struct KvCacheConfig : Config {
   static constexpr bool kTailSplit = !kCausal;
   static constexpr bool kKvMulticast = false;
+  // Key blocks of a multiple of 64 rows (head dim 128: 176 -> 128; 256: 80 ->
+  // 64), so that a paged cache's pages of 64, 128, 256 ... keys load a block
+  // in boxes of 64 rows or more (kv_cache.hpp: paged_box_rows).
+  static constexpr int kBlockN = Config::kBlockN / 64 * 64;
 };
 
 // Which sequences a kernel takes (KernelArgs): kDense, one seqlen_q and one
@@ -304,6 +308,11 @@ struct Traits {
   // as fast) GEMMs and the turns only serialise; causal fp8 keeps them (A/Bs:
   // docs/performance.md, 'Forward tuning record', Traits).
   static constexpr bool kPingPong = kPingPongEnabled && !(kFp8 && !kCausal);
+  // A consumer warpgroup whose rows all lie past the tile's queries only
+  // keeps its turns and releases (Mainloop::drain): decoding's packed GQA
+  // tiles hold a few rows of warpgroup 0. Not in the dense kernels, whose
+  // tuned plans it would move (decode-shaped launches take kSplitKv).
+  static constexpr bool kDrainIdleWarpgroups = kSequences != Sequences::kDense;
   // A warpgroup's softmax of block n runs under its PV GEMM of block n+1.
   static constexpr bool kIntraWgOverlap = kIntraWgOverlapEnabled;
   // wgmma descriptors as the tile's plus an offset (TileDesc): fewer
