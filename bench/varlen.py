@@ -5,7 +5,11 @@ sequences only, for both (issue 24's bar: packed at least as fast; the padded ca
 over the padding too, which only a timing may ignore). Each figure is the
 median of --iters CUDA-event timings after --warmup calls, the two taking turns.
 
-    python3 bench/varlen.py [--headdim 128] [--causal] [--seed 0]
+    python3 bench/varlen.py [--headdim 128] [--causal] [--backward] [--seed 0]
+
+--backward times the backward alone instead (torch.ops.flash3.bwd_varlen against
+torch.ops.flash3.bwd on the padded batch, each from its own forward's out and log-sum-exp;
+FLOPs 2.5x the forward's).
 
 Batches: uniform lengths 1k-4k, lengths 64-8k drawn log-uniformly, and one long sequence
 among many short ones. Exit codes: 0 done; 2 bad command line; 3 no CUDA device.
@@ -21,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-from flash3.flash_attn_interface import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from flash3.flash_attn_interface import flash_attn_func, flash_attn_varlen_func, ops  # noqa: E402
 
 HIDDEN = 2048
 
@@ -52,6 +56,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--headdim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--backward", action="store_true", help="time the backward alone")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=10)
@@ -61,12 +66,13 @@ def main():
         return 3
     heads, d = HIDDEN // args.headdim, args.headdim
     print(f"{torch.cuda.get_device_name()}: useful TFLOP/s, head dim {d}, {heads} heads, "
-          f"{'causal' if args.causal else 'non-causal'}, bf16")
+          f"{'causal' if args.causal else 'non-causal'}, bf16, {'backward' if args.backward else 'forward'}")
     print(f"{'batch':>24} {'tokens':>8} {'packed':>8} {'padded':>8} {'ratio':>6}")
     rng = random.Random(args.seed)
     for label, lengths in batches(rng):
         total, longest = sum(lengths), max(lengths)
         flops = sum(4 * heads * n * n * d / (2 if args.causal else 1) for n in lengths)
+        flops *= 2.5 if args.backward else 1.0
         q, k, v = (torch.randn(total, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
         padded = [torch.zeros(len(lengths), longest, heads, d, device="cuda", dtype=torch.bfloat16)
@@ -74,10 +80,21 @@ def main():
         for b, (start, n) in enumerate(zip(cu.tolist(), lengths)):
             for dst, src in zip(padded, (q, k, v)):
                 dst[b, :n] = src[start:start + n]
-        ms = median_ms({
-            "packed": lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=args.causal),
-            "padded": lambda: flash_attn_func(*padded, causal=args.causal),
-        }, args.warmup, args.iters)
+        if args.backward:
+            out_v, lse_v = ops.fwd_varlen(q, k, v, cu, cu, longest, None, args.causal)
+            out_p, lse_p = ops.fwd(*padded, None, args.causal)
+            dout_v, dout_p = torch.randn_like(out_v), torch.randn_like(out_p)
+            calls = {
+                "packed": lambda: ops.bwd_varlen(dout_v, q, k, v, out_v, lse_v, cu, cu, longest, None,
+                                                 args.causal),
+                "padded": lambda: ops.bwd(dout_p, *padded, out_p, lse_p, None, args.causal),
+            }
+        else:
+            calls = {
+                "packed": lambda: flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=args.causal),
+                "padded": lambda: flash_attn_func(*padded, causal=args.causal),
+            }
+        ms = median_ms(calls, args.warmup, args.iters)
         tf = {name: flops / (t * 1e-3) / 1e12 for name, t in ms.items()}
         print(f"{label:>24} {total:8d} {tf['packed']:8.0f} {tf['padded']:8.0f} {tf['packed'] / tf['padded']:6.2f}",
               flush=True)
