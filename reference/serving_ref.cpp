@@ -26,6 +26,19 @@ void check_cu_seqlens(const std::vector<int>& cu) {
 
 std::vector<double> to_double(const std::vector<float>& x) { return {x.begin(), x.end()}; }
 
+// The offsets, and q, k, v of the shape's sizes.
+void check_varlen(const VarlenShape& shape, size_t q_size, size_t k_size, size_t v_size) {
+  check_cu_seqlens(shape.cu_seqlens_q);
+  check_cu_seqlens(shape.cu_seqlens_k);
+  require(shape.cu_seqlens_q.size() == shape.cu_seqlens_k.size(),
+          "cu_seqlens_q and cu_seqlens_k must have the same length");
+  const size_t q_row = static_cast<size_t>(shape.heads_q) * shape.headdim;
+  const size_t kv_row = static_cast<size_t>(shape.heads_k) * shape.headdim;
+  require(q_size == shape.total_q() * q_row, "q does not match the varlen shape");
+  require(k_size == shape.total_k() * kv_row && v_size == k_size,
+          "k or v does not match the varlen shape");
+}
+
 }  // namespace
 
 int VarlenShape::batch() const { return static_cast<int>(cu_seqlens_q.size()) - 1; }
@@ -37,15 +50,9 @@ int VarlenShape::total_k() const { return cu_seqlens_k.back(); }
 Reference attention_forward_varlen(const VarlenShape& shape, const std::vector<float>& q,
                                    const std::vector<float>& k, const std::vector<float>& v,
                                    double softmax_scale, bool causal) {
-  check_cu_seqlens(shape.cu_seqlens_q);
-  check_cu_seqlens(shape.cu_seqlens_k);
-  require(shape.cu_seqlens_q.size() == shape.cu_seqlens_k.size(),
-          "cu_seqlens_q and cu_seqlens_k must have the same length");
+  check_varlen(shape, q.size(), k.size(), v.size());
   const size_t q_row = static_cast<size_t>(shape.heads_q) * shape.headdim;
   const size_t kv_row = static_cast<size_t>(shape.heads_k) * shape.headdim;
-  require(q.size() == shape.total_q() * q_row, "q does not match the varlen shape");
-  require(k.size() == shape.total_k() * kv_row && v.size() == k.size(),
-          "k or v does not match the varlen shape");
   const int total_q = shape.total_q();
   Reference r{std::vector<double>(q.size()),
               std::vector<double>(static_cast<size_t>(shape.heads_q) * total_q)};
@@ -75,13 +82,9 @@ std::vector<float> attention_forward_varlen_plain(HalfType type, const VarlenSha
                                                   const std::vector<float>& k,
                                                   const std::vector<float>& v,
                                                   float softmax_scale, bool causal) {
-  check_cu_seqlens(shape.cu_seqlens_q);
-  check_cu_seqlens(shape.cu_seqlens_k);
+  check_varlen(shape, q.size(), k.size(), v.size());
   const size_t q_row = static_cast<size_t>(shape.heads_q) * shape.headdim;
   const size_t kv_row = static_cast<size_t>(shape.heads_k) * shape.headdim;
-  require(q.size() == shape.total_q() * q_row, "q does not match the varlen shape");
-  require(k.size() == shape.total_k() * kv_row && v.size() == k.size(),
-          "k or v does not match the varlen shape");
   std::vector<float> out(q.size(), 0.0f);
   for (int b = 0; b < shape.batch(); ++b) {
     const int q0 = shape.cu_seqlens_q[b], k0 = shape.cu_seqlens_k[b];
@@ -107,15 +110,9 @@ namespace {
 template <class F>
 void for_each_sequence(const VarlenShape& shape, size_t q_size, size_t k_size, size_t v_size,
                        F&& f) {
-  check_cu_seqlens(shape.cu_seqlens_q);
-  check_cu_seqlens(shape.cu_seqlens_k);
-  require(shape.cu_seqlens_q.size() == shape.cu_seqlens_k.size(),
-          "cu_seqlens_q and cu_seqlens_k must have the same length");
+  check_varlen(shape, q_size, k_size, v_size);
   const size_t q_row = static_cast<size_t>(shape.heads_q) * shape.headdim;
   const size_t kv_row = static_cast<size_t>(shape.heads_k) * shape.headdim;
-  require(q_size == shape.total_q() * q_row, "q does not match the varlen shape");
-  require(k_size == shape.total_k() * kv_row && v_size == k_size,
-          "k or v does not match the varlen shape");
   for (int b = 0; b < shape.batch(); ++b) {
     const int q0 = shape.cu_seqlens_q[b], k0 = shape.cu_seqlens_k[b];
     const int lq = shape.cu_seqlens_q[b + 1] - q0, lk = shape.cu_seqlens_k[b + 1] - k0;

@@ -129,6 +129,14 @@ void check_cuda(cudaError_t err, const char* what) {
   }
 }
 
+std::vector<int> cu_seqlens_of(const std::vector<int>& lengths) {
+  std::vector<int> cu{0};
+  for (int length : lengths) {
+    cu.push_back(cu.back() + length);
+  }
+  return cu;
+}
+
 std::vector<float> random_halves(ref::HalfType type, size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> normal;
   std::vector<float> x(n);

@@ -95,6 +95,10 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
+// The batch + 1 offsets (FlashAttention's cu_seqlens) of packed sequences of
+// these lengths.
+std::vector<int> cu_seqlens_of(const std::vector<int>& lengths);
+
 // n normal values rounded to `type` (fresh random inputs of the serving tests).
 std::vector<float> random_halves(ref::HalfType type, size_t n, std::mt19937_64& rng);
 

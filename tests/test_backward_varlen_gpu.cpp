@@ -35,14 +35,6 @@ struct VarlenBackwardCase {
   std::vector<int> used_q = {}, used_k = {};
 };
 
-std::vector<int> offsets(const std::vector<int>& lengths) {
-  std::vector<int> cu{0};
-  for (int length : lengths) {
-    cu.push_back(cu.back() + length);
-  }
-  return cu;
-}
-
 // The packed rows of each sequence's first used[b] rows (all without used).
 std::vector<char> used_rows(const std::vector<int>& lengths, const std::vector<int>& used) {
   std::vector<char> rows;
@@ -66,8 +58,8 @@ class VarlenBackwardProblem {
   explicit VarlenBackwardProblem(const VarlenBackwardCase& c)
       : c_(c),
         type_(half_type(c.dtype)),
-        total_q_(offsets(c.seqlens_q).back()),
-        total_k_(offsets(c.seqlens_k).back()),
+        total_q_(cu_seqlens_of(c.seqlens_q).back()),
+        total_k_(cu_seqlens_of(c.seqlens_k).back()),
         batch_(static_cast<int>(c.seqlens_q.size())),
         q_elems_(static_cast<size_t>(total_q_) * c.heads_q * c.headdim),
         kv_elems_(static_cast<size_t>(total_k_) * c.heads_k * c.headdim),
@@ -86,8 +78,8 @@ class VarlenBackwardProblem {
     upload_halves(d_k_.get(), type_, k, "k");
     upload_halves(d_v_.get(), type_, v, "v");
     upload_halves(d_dout_.get(), type_, dout, "dout");
-    upload(d_cu_q_, offsets(c.seqlens_q), "cu_seqlens_q");
-    upload(d_cu_k_, offsets(c.seqlens_k), "cu_seqlens_k");
+    upload(d_cu_q_, cu_seqlens_of(c.seqlens_q), "cu_seqlens_q");
+    upload(d_cu_k_, cu_seqlens_of(c.seqlens_k), "cu_seqlens_k");
     if (!c.used_q.empty()) {
       upload(d_used_q_, c.used_q, "seqused_q");
     }
@@ -191,8 +183,8 @@ class VarlenBackwardProblem {
         lk[b] = std::min(lk[b], c_.used_k[b]);
       }
     }
-    shape.cu_seqlens_q = offsets(lq);
-    shape.cu_seqlens_k = offsets(lk);
+    shape.cu_seqlens_q = cu_seqlens_of(lq);
+    shape.cu_seqlens_k = cu_seqlens_of(lk);
     shape.heads_q = c_.heads_q;
     shape.heads_k = c_.heads_k;
     shape.headdim = c_.headdim;

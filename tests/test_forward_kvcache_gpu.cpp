@@ -4,7 +4,8 @@
 // to the capacity, a shuffled cache_batch_idx into a larger cache, decoding
 // (one query, GQA: packed and split over the SMs) and several queries,
 // causal and not, every head dim, contiguous and paged caches (shuffled
-// page tables into a pool with unused pages); out and lse poisoned first.
+// page tables into a pool with unused pages), left padding; out and lse
+// poisoned first.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -34,6 +35,7 @@ struct KvCacheCase {
   int kv_batch = 0;            // cache batches (with batch_idx)
   int heads_q = 8, heads_k = 2;
   int page_size = 0;  // 0: contiguous; else paged, capacity a multiple of it
+  std::vector<int> leftpad;  // empty: none; else per query batch, <= seqlens[b]
 };
 
 KvCacheCase make_case(DType dtype, int headdim, bool causal, int seqlen_q, int capacity,
@@ -69,12 +71,13 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   std::vector<float> k_used, v_used;
   for (int b = 0; b < batch; ++b) {
     const int kv = c.batch_idx.empty() ? b : c.batch_idx[b];
-    const size_t first = static_cast<size_t>(kv) * c.capacity * kv_row;
-    const size_t count = static_cast<size_t>(c.seqlens[b]) * kv_row;
+    const int pad = c.leftpad.empty() ? 0 : c.leftpad[b];  // the keys from slot `pad`
+    const size_t first = (static_cast<size_t>(kv) * c.capacity + pad) * kv_row;
+    const size_t count = static_cast<size_t>(c.seqlens[b] - pad) * kv_row;
     k_used.insert(k_used.end(), k_cache.begin() + first, k_cache.begin() + first + count);
     v_used.insert(v_used.end(), v_cache.begin() + first, v_cache.begin() + first + count);
     shape.cu_seqlens_q.push_back(shape.cu_seqlens_q.back() + c.seqlen_q);
-    shape.cu_seqlens_k.push_back(shape.cu_seqlens_k.back() + c.seqlens[b]);
+    shape.cu_seqlens_k.push_back(shape.cu_seqlens_k.back() + c.seqlens[b] - pad);
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
   const ref::Reference expected =
@@ -92,7 +95,8 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   const size_t page_elems = static_cast<size_t>(c.page_size) * kv_row;
   const size_t pool_elems = paged ? num_pages * page_elems : cache_elems;
   DeviceBuffer d_q(q_elems * 2), d_k(pool_elems * 2), d_v(pool_elems * 2), d_out(q_elems * 2),
-      d_lse(lse_elems * 4), d_seqlens(sizeof(int) * batch), d_idx(sizeof(int) * batch);
+      d_lse(lse_elems * 4), d_seqlens(sizeof(int) * batch), d_idx(sizeof(int) * batch),
+      d_leftpad(sizeof(int) * batch);
   upload_halves(d_q.get(), type, q, "q");
   std::vector<int> page_table(static_cast<size_t>(kv_batch) * pages_per_batch);
   if (paged) {
@@ -130,6 +134,10 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
     check_cuda(cudaMemcpy(d_idx.get(), c.batch_idx.data(), sizeof(int) * batch,
                           cudaMemcpyHostToDevice), "cache_batch_idx");
   }
+  if (!c.leftpad.empty()) {
+    check_cuda(cudaMemcpy(d_leftpad.get(), c.leftpad.data(), sizeof(int) * batch,
+                          cudaMemcpyHostToDevice), "cache_leftpad");
+  }
   const Tensor tq = Tensor::contiguous(d_q.get(), c.dtype, batch, c.seqlen_q, c.heads_q, d);
   const int pool_batch = paged ? num_pages : kv_batch, pool_rows = paged ? c.page_size : c.capacity;
   const Tensor tk = Tensor::contiguous(d_k.get(), c.dtype, pool_batch, pool_rows, c.heads_k, d);
@@ -138,7 +146,8 @@ void expect_kvcache_matches_reference(const KvCacheCase& c) {
   const KvCache cache{static_cast<const int*>(d_seqlens.get()),
                       c.batch_idx.empty() ? nullptr : static_cast<const int*>(d_idx.get()),
                       paged ? static_cast<const int*>(d_pages.get()) : nullptr, pages_per_batch,
-                      paged && !c.batch_idx.empty() ? kv_batch : 0};
+                      paged && !c.batch_idx.empty() ? kv_batch : 0,
+                      c.leftpad.empty() ? nullptr : static_cast<const int*>(d_leftpad.get())};
   ForwardOptions options;
   options.causal = c.causal;
   const Status s = flash3::forward_kvcache(tq, tk, tv, to, static_cast<float*>(d_lse.get()), cache,
@@ -219,6 +228,24 @@ TEST_F(ForwardKvCache, CacheBatchIndexPicksTheCache) {
   }
 }
 
+// cache_leftpad: batch b attends to slots [leftpad[b], seqlens[b]), causal
+// bottom-right over them; with a batch index, decoding and several queries.
+TEST_F(ForwardKvCache, LeftPaddingSkipsTheFirstSlots) {
+  for (const int headdim : {64, 128, 256}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE("headdim " + std::to_string(headdim) + (causal ? " causal" : ""));
+      KvCacheCase c =
+          make_case(DType::kBFloat16, headdim, causal, 1, 3000, {3000, 17, 2000, 0, 2500});
+      c.leftpad = {1000, 17, 1, 0, 2433};
+      expect_kvcache_matches_reference(c);
+      c.seqlen_q = 7;
+      c.batch_idx = {6, 0, 3, 2, 4};
+      c.kv_batch = 7;
+      expect_kvcache_matches_reference(c);
+    }
+  }
+}
+
 // A paged cache: page sizes from the box size (16) to past a key block,
 // decoding (split over the SMs) and several queries, every head dim.
 TEST_F(ForwardKvCache, PagedCacheMatchesTheReference) {
@@ -259,6 +286,12 @@ TEST_F(SanitizeForwardKvCache, Bf16D128DecodeWithBatchIndex) {
 TEST_F(SanitizeForwardKvCache, Bf16D128PagedDecode) {
   KvCacheCase c = make_case(DType::kBFloat16, 128, false, 1, 3072, {3072, 0, 1500});
   c.page_size = 16;
+  expect_kvcache_matches_reference(c);
+}
+
+TEST_F(SanitizeForwardKvCache, Fp16D64LeftPaddedCausal) {
+  KvCacheCase c = make_case(DType::kFloat16, 64, true, 3, 700, {700, 5, 300});
+  c.leftpad = {129, 5, 1};
   expect_kvcache_matches_reference(c);
 }
 

@@ -30,19 +30,11 @@ struct VarlenCase {
   int heads_q = 4, heads_k = 2;
 };
 
-std::vector<int> offsets(const std::vector<int>& lengths) {
-  std::vector<int> cu{0};
-  for (int length : lengths) {
-    cu.push_back(cu.back() + length);
-  }
-  return cu;
-}
-
 void expect_varlen_matches_reference(const VarlenCase& c) {
   const ref::HalfType type = half_type(c.dtype);
   ref::VarlenShape shape;
-  shape.cu_seqlens_q = offsets(c.seqlens_q);
-  shape.cu_seqlens_k = offsets(c.seqlens_k);
+  shape.cu_seqlens_q = cu_seqlens_of(c.seqlens_q);
+  shape.cu_seqlens_k = cu_seqlens_of(c.seqlens_k);
   shape.heads_q = c.heads_q;
   shape.heads_k = c.heads_k;
   shape.headdim = c.headdim;

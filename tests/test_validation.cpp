@@ -344,6 +344,7 @@ struct KvCacheProblem : HostProblem {
   int seqlens[kBatch] = {3, 16};
   int batch_idx[kBatch] = {2, 0};
   int page_table[kBatch] = {1, 0};  // one page of kSeqlenK rows per batch
+  int leftpad[kBatch] = {1, 4};
   KvCache cache{seqlens, nullptr};
   void use_pages() {
     cache.page_table = page_table;
@@ -395,6 +396,22 @@ TEST(ForwardKvCache, ValidPagedArgumentsReachTheDevice) {
   p.cache.pages_per_batch = 1;
   expect_reaches_the_device(p.call_kvcache());
   EXPECT_TRUE(p.untouched());
+}
+
+// cache_leftpad: contiguous caches only, an aligned array apart from what
+// the call writes.
+TEST(ForwardKvCache, LeftPaddingIsCheckedLikeTheOtherArrays) {
+  KvCacheProblem p;
+  p.cache.cache_leftpad = p.leftpad;
+  expect_reaches_the_device(p.call_kvcache());
+  p.use_pages();
+  expect_kvcache_refused(p, Code::kUnsupported, "cache.cache_leftpad with a paged cache");
+  KvCacheProblem q;
+  q.cache.cache_leftpad = reinterpret_cast<const int*>(reinterpret_cast<const char*>(q.leftpad) + 1);
+  expect_kvcache_refused(q, Code::kInvalidArgument, "cache.cache_leftpad is not 4-byte aligned");
+  KvCacheProblem r;
+  r.cache.cache_leftpad = static_cast<const int*>(r.out.data);
+  expect_kvcache_refused(r, Code::kInvalidArgument, "cache.cache_leftpad overlaps out");
 }
 
 TEST(ForwardKvCache, RefusesBadPages) {

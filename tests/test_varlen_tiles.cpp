@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "forward_case.hpp"
 #include "src/sm90/common/varlen.hpp"
 
 namespace {
@@ -16,14 +17,7 @@ using flash3::sm90::block_prefix;
 using flash3::sm90::seq_range;
 using flash3::sm90::VarlenTile;
 using flash3::sm90::VarlenTiles;
-
-std::vector<int> cu_seqlens_of(const std::vector<int>& lengths) {
-  std::vector<int> cu{0};
-  for (int length : lengths) {
-    cu.push_back(cu.back() + length);
-  }
-  return cu;
-}
+using flash3::test::cu_seqlens_of;
 
 void expect_every_block_once(const std::vector<int>& lengths, int heads, int block_m) {
   const std::vector<int> cu = cu_seqlens_of(lengths);

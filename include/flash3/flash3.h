@@ -111,6 +111,9 @@ typedef struct flash3_forward_kvcache_args {
   const int* page_table;
   int pages_per_batch;
   int page_table_rows;
+  /* Optional (NULL, or int32, device, batch entries; contiguous caches only):
+   * batch b attends to slots [cache_leftpad[b], cache_seqlens[b]). */
+  const int* cache_leftpad;
 } flash3_forward_kvcache_args;
 
 /* Attention forward against a KV cache, enqueued on `stream`. */

@@ -144,6 +144,12 @@ struct KvCache {
   const int* page_table = nullptr;
   int pages_per_batch = 0;  // page_table's columns (paged caches only)
   int page_table_rows = 0;  // page_table's rows; 0: q's batch (paged caches only)
+  // Optional (int32, device, batch entries; contiguous caches only): batch
+  // b's keys start at slot cache_leftpad[b] (FlashAttention's cache_leftpad:
+  // slots before it are padding), so it attends to slots [cache_leftpad[b],
+  // cache_seqlens[b]), causal bottom-right over them. kvcache_append ignores
+  // it (new keys go to slot cache_seqlens[b], rotated to that position).
+  const int* cache_leftpad = nullptr;
 };
 
 // forward() against a KV cache: q and out (batch, seqlen_q, heads_q,

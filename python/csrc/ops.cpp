@@ -462,6 +462,25 @@ const int* per_batch(const Tensor& t, const char* name, int64_t batch, const at:
   return t.data_ptr<int>();
 }
 
+// The sequences of a varlen call (flash3.hpp: Varlen), the tensors checked
+// that flash3 reads through bare pointers.
+Varlen varlen_of(const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                 const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
+                 const at::Device& device) {
+  TORCH_CHECK_VALUE(cu_seqlens_k.numel() == cu_seqlens_q.numel(), "flash3: cu_seqlens_k has ",
+                    cu_seqlens_k.numel(), " offsets, cu_seqlens_q ", cu_seqlens_q.numel());
+  TORCH_CHECK_VALUE(max_seqlen_q >= 1 && max_seqlen_q <= (int64_t{1} << 31) - 1,
+                    "flash3: max_seqlen_q must be in [1, 2^31), got ", max_seqlen_q);
+  const int64_t batch = cu_seqlens_q.numel() - 1;
+  return Varlen{
+      offsets_of(cu_seqlens_q, "cu_seqlens_q", device),
+      offsets_of(cu_seqlens_k, "cu_seqlens_k", device),
+      static_cast<int>(batch),
+      static_cast<int>(max_seqlen_q),
+      seqused_q.has_value() ? per_batch(*seqused_q, "seqused_q", batch, device) : nullptr,
+      seqused_k.has_value() ? per_batch(*seqused_k, "seqused_k", batch, device) : nullptr};
+}
+
 std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                            const Tensor& cu_seqlens_q,
                                            const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
@@ -486,18 +505,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
   const Tensor q4 = q.unsqueeze(0), k4 = k.unsqueeze(0), v4 = v.unsqueeze(0), out4 = out.unsqueeze(0);
   const flash3::Tensor q_d = describe(q4, "q", device), k_d = describe(k4, "k", device),
                        v_d = describe(v4, "v", device), out_d = describe(out4, "out", device);
-  TORCH_CHECK_VALUE(cu_seqlens_k.numel() == cu_seqlens_q.numel(), "flash3: cu_seqlens_k has ",
-                    cu_seqlens_k.numel(), " offsets, cu_seqlens_q ", cu_seqlens_q.numel());
-  TORCH_CHECK_VALUE(max_seqlen_q >= 1 && max_seqlen_q <= (int64_t{1} << 31) - 1,
-                    "flash3: max_seqlen_q must be in [1, 2^31), got ", max_seqlen_q);
-  const int64_t batch = cu_seqlens_q.numel() - 1;
-  const Varlen varlen{
-      offsets_of(cu_seqlens_q, "cu_seqlens_q", device),
-      offsets_of(cu_seqlens_k, "cu_seqlens_k", device),
-      static_cast<int>(batch),
-      static_cast<int>(max_seqlen_q),
-      seqused_q.has_value() ? per_batch(*seqused_q, "seqused_q", batch, device) : nullptr,
-      seqused_k.has_value() ? per_batch(*seqused_k, "seqused_k", batch, device) : nullptr};
+  const Varlen varlen =
+      varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
   const ForwardCall call(q4, q_d, on, softmax_scale, causal);
   raise_unless_ok(forward_varlen(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), varlen,
                                  call.options, on.stream));
@@ -549,18 +558,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
                     "= (", q.size(1), ", ", q.size(0), "), got shape ", softmax_lse.sizes());
   const flash3::Tensor dq_d = describe(dq4, "dq", device), dk_d = describe(dk4, "dk", device),
                        dv_d = describe(dv4, "dv", device);
-  TORCH_CHECK_VALUE(cu_seqlens_k.numel() == cu_seqlens_q.numel(), "flash3: cu_seqlens_k has ",
-                    cu_seqlens_k.numel(), " offsets, cu_seqlens_q ", cu_seqlens_q.numel());
-  TORCH_CHECK_VALUE(max_seqlen_q >= 1 && max_seqlen_q <= (int64_t{1} << 31) - 1,
-                    "flash3: max_seqlen_q must be in [1, 2^31), got ", max_seqlen_q);
-  const int64_t batch = cu_seqlens_q.numel() - 1;
-  const Varlen varlen{
-      offsets_of(cu_seqlens_q, "cu_seqlens_q", device),
-      offsets_of(cu_seqlens_k, "cu_seqlens_k", device),
-      static_cast<int>(batch),
-      static_cast<int>(max_seqlen_q),
-      seqused_q.has_value() ? per_batch(*seqused_q, "seqused_q", batch, device) : nullptr,
-      seqused_k.has_value() ? per_batch(*seqused_k, "seqused_k", batch, device) : nullptr};
+  const Varlen varlen =
+      varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
   BackwardOptions options;
   options.causal = causal;
   options.softmax_scale = scale_of(softmax_scale);
@@ -601,12 +600,16 @@ std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const
 // contiguous, on q's device (rows = batch, or any with cache_batch_idx).
 KvCache cache_of(const Tensor& q, const Tensor& cache_seqlens,
                  const std::optional<Tensor>& cache_batch_idx,
-                 const std::optional<Tensor>& page_table, const at::Device& device) {
+                 const std::optional<Tensor>& page_table, const at::Device& device,
+                 const std::optional<Tensor>& cache_leftpad = std::nullopt) {
   const int64_t batch = q.size(0);
   KvCache cache{per_batch(cache_seqlens, "cache_seqlens", batch, device),
                 cache_batch_idx.has_value()
                     ? per_batch(*cache_batch_idx, "cache_batch_idx", batch, device)
                     : nullptr};
+  if (cache_leftpad.has_value()) {
+    cache.cache_leftpad = per_batch(*cache_leftpad, "cache_leftpad", batch, device);
+  }
   if (page_table.has_value()) {
     const Tensor& t = *page_table;
     TORCH_CHECK_VALUE(t.dim() == 2 && t.scalar_type() == at::kInt && t.is_contiguous() &&
@@ -627,14 +630,16 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                                             const Tensor& v_cache, const Tensor& cache_seqlens,
                                             const std::optional<Tensor>& cache_batch_idx,
                                             std::optional<double> softmax_scale, bool causal,
-                                            const std::optional<Tensor>& page_table) {
+                                            const std::optional<Tensor>& page_table,
+                                            const std::optional<Tensor>& cache_leftpad) {
   auto [out, lse] = forward_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k_cache, "k_cache", device),
                        v_d = describe(v_cache, "v_cache", device),
                        out_d = describe(out, "out", device);
-  const KvCache cache = cache_of(q, cache_seqlens, cache_batch_idx, page_table, device);
+  const KvCache cache =
+      cache_of(q, cache_seqlens, cache_batch_idx, page_table, device, cache_leftpad);
   const ForwardCall call(q, q_d, on, softmax_scale, causal);
   raise_unless_ok(forward_kvcache(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), cache,
                                   call.options, on.stream));
@@ -644,6 +649,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
 std::tuple<Tensor, Tensor> fwd_kvcache_meta(const Tensor& q, const Tensor&, const Tensor&,
                                             const Tensor&, const std::optional<Tensor>&,
                                             std::optional<double>, bool,
+                                            const std::optional<Tensor>&,
                                             const std::optional<Tensor>&) {
   return forward_outputs(q);
 }
@@ -932,7 +938,8 @@ TORCH_LIBRARY(flash3, m) {
         "Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
-        "Tensor? page_table=None) -> (Tensor out, Tensor softmax_lse)");
+        "Tensor? page_table=None, Tensor? cache_leftpad=None) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("kvcache_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
         "Tensor cache_seqlens, Tensor? cache_batch_idx=None, Tensor? page_table=None, "
         "Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=False, "

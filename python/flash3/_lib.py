@@ -49,18 +49,21 @@ class ForwardArgs(ctypes.Structure):
     ]
 
 
+# The varlen description that follows the call's args in its *_varlen_args.
+_VARLEN_FIELDS = [
+    ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int)),
+    ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int)),
+    ("batch", ctypes.c_int),
+    ("max_seqlen_q", ctypes.c_int),
+    ("seqused_q", ctypes.POINTER(ctypes.c_int)),
+    ("seqused_k", ctypes.POINTER(ctypes.c_int)),
+]
+
+
 class ForwardVarlenArgs(ctypes.Structure):
     """flash3_forward_varlen_args."""
 
-    _fields_ = [
-        ("forward", ForwardArgs),
-        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int)),
-        ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int)),
-        ("batch", ctypes.c_int),
-        ("max_seqlen_q", ctypes.c_int),
-        ("seqused_q", ctypes.POINTER(ctypes.c_int)),
-        ("seqused_k", ctypes.POINTER(ctypes.c_int)),
-    ]
+    _fields_ = [("forward", ForwardArgs)] + _VARLEN_FIELDS
 
 
 class ForwardKvCacheArgs(ctypes.Structure):
@@ -73,6 +76,7 @@ class ForwardKvCacheArgs(ctypes.Structure):
         ("page_table", ctypes.POINTER(ctypes.c_int)),
         ("pages_per_batch", ctypes.c_int),
         ("page_table_rows", ctypes.c_int),
+        ("cache_leftpad", ctypes.POINTER(ctypes.c_int)),
     ]
 
 
@@ -126,15 +130,7 @@ class BackwardArgs(ctypes.Structure):
 class BackwardVarlenArgs(ctypes.Structure):
     """flash3_backward_varlen_args."""
 
-    _fields_ = [
-        ("backward", BackwardArgs),
-        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int)),
-        ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int)),
-        ("batch", ctypes.c_int),
-        ("max_seqlen_q", ctypes.c_int),
-        ("seqused_q", ctypes.POINTER(ctypes.c_int)),
-        ("seqused_k", ctypes.POINTER(ctypes.c_int)),
-    ]
+    _fields_ = [("backward", BackwardArgs)] + _VARLEN_FIELDS
 
 
 class Fp8V(ctypes.Structure):

@@ -300,14 +300,15 @@ def flash_attn_with_kvcache(
     capacity) k is rotated to positions cache_seqlens[b] + i on the way, and q to
     cache_seqlens[b] + i when causal, else cache_seqlens[b] (interleaved pairs (2i, 2i+1)
     or halves); rotary_seqlens ((batch,) int32) replaces cache_seqlens in those positions
-    (it means nothing without rotary tables). scheduler_metadata (get_scheduler_metadata's)
-    is accepted and unused. Not yet: cache_leftpad, varlen q (cu_seqlens_q,
-    cu_seqlens_k_new), rotary without k; each raises NotImplementedError naming it."""
+    (it means nothing without rotary tables). cache_leftpad ((batch,) int32, contiguous
+    caches only): batch b attends to slots [cache_leftpad[b], cache_seqlens[b]) (new keys
+    still go to cache_seqlens[b]). scheduler_metadata (get_scheduler_metadata's) is
+    accepted and unused. Not yet: varlen q (cu_seqlens_q, cu_seqlens_k_new), rotary without
+    k; each raises NotImplementedError naming it."""
     if qv is not None or softcap != 0.0 or tuple(window_size) != (-1, -1) or attention_chunk != 0 \
             or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
-    for name, value in (("cache_leftpad", cache_leftpad),
-                        ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
+    for name, value in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
                         ("max_seqlen_q", max_seqlen_q),
                         ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
         if value is not None:
@@ -328,7 +329,7 @@ def flash_attn_with_kvcache(
         if rotary_cos is not None:
             q = q_rotated
     out, softmax_lse = ops.fwd_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
-                                       softmax_scale, causal, page_table)
+                                       softmax_scale, causal, page_table, cache_leftpad)
     return (out, softmax_lse) if return_softmax_lse else out
 
 

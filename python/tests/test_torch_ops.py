@@ -286,7 +286,7 @@ def test_varlen_backward_seqused_and_deterministic():
     assert dq[:60].abs().max().item() > 0
 
 
-@pytest.mark.parametrize("name", ["cache_leftpad", "cu_seqlens_q", "cu_seqlens_k_new", "q_descale"])
+@pytest.mark.parametrize("name", ["cu_seqlens_q", "cu_seqlens_k_new", "q_descale"])
 def test_kvcache_arguments_not_implemented_yet_raise_by_name(name):
     q = torch.empty(2, 1, 8, 128, device="meta", dtype=torch.bfloat16)
     cache = torch.empty(2, 64, 2, 128, device="meta", dtype=torch.bfloat16)
@@ -330,6 +330,39 @@ def test_kvcache_matches_each_batch_alone(causal, seqlen_q):
     torch.testing.assert_close(same, whole, atol=0, rtol=0)
     torch.testing.assert_close(whole, flash_attn_func(q, k_cache[:5], v_cache[:5], causal=causal),
                                atol=2e-2, rtol=2e-2)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_kvcache_leftpad_attends_to_the_slots_after_it(causal):
+    # cache_leftpad[b]: batch b's keys are slots [leftpad, cache_seqlens), as flash_attn_func
+    # on those rows alone; with new keys they still go to slot cache_seqlens[b].
+    capacity, seqlens, leftpad = 1200, [1000, 7, 300, 1200], [100, 7, 0, 777]
+    q = torch.randn(len(seqlens), 3, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache = (torch.randn(len(seqlens), capacity, 2, 128, device="cuda", dtype=torch.bfloat16)
+                        for _ in range(2))
+    lengths = torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    pad = torch.tensor(leftpad, dtype=torch.int32, device="cuda")
+    out = fai.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, cache_leftpad=pad,
+                                      causal=causal)
+    for b, (n, p) in enumerate(zip(seqlens, leftpad)):
+        if n == p:
+            assert torch.all(out[b] == 0)
+            continue
+        alone = flash_attn_func(q[b:b + 1], k_cache[b:b + 1, p:n], v_cache[b:b + 1, p:n], causal=causal)
+        torch.testing.assert_close(out[b], alone[0], atol=2e-2, rtol=2e-2)
+    k_new, v_new = (torch.randn(len(seqlens), 2, 2, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    short = torch.tensor([n - 2 for n in seqlens], dtype=torch.int32, device="cuda").clamp(min=0)
+    fai.flash_attn_with_kvcache(q, k_cache, v_cache, k=k_new, v=v_new, cache_seqlens=short,
+                                cache_leftpad=pad.clamp(max=short), causal=causal)
+    for b, n in enumerate(seqlens):
+        start = max(n - 2, 0)
+        torch.testing.assert_close(k_cache[b, start:start + 2], k_new[b, :min(2, capacity - start)])
+    with pytest.raises(NotImplementedError, match="cache_leftpad with a paged cache"):
+        table = torch.arange(4 * 2, dtype=torch.int32, device="cuda").reshape(4, 2)
+        pool = k_cache.reshape(-1, 16, 2, 128)[:8]
+        fai.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=torch.full_like(lengths, 20),
+                                    cache_leftpad=torch.zeros_like(pad), page_table=table)
 
 
 @requires_hopper

@@ -122,7 +122,8 @@ flash3_status flash3_forward_kvcache(const flash3_forward_kvcache_args* args, cu
   }
   const flash3_forward_args& f = args->forward;
   const flash3::KvCache cache{args->cache_seqlens, args->cache_batch_idx, args->page_table,
-                              args->pages_per_batch, args->page_table_rows};
+                              args->pages_per_batch, args->page_table_rows,
+                              args->cache_leftpad};
   return finish(flash3::forward_kvcache(to_cpp(f.q), to_cpp(f.k), to_cpp(f.v), to_cpp(f.out),
                                         f.softmax_lse, cache, forward_options(f), stream));
 }

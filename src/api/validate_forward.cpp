@@ -214,12 +214,18 @@ Status validate_forward_kvcache(const Tensor& q, const Tensor& k_cache, const Te
     if (Status s = check_index_arrays(
             {{"cache.cache_seqlens", cache.cache_seqlens, batch, true},
              {"cache.cache_batch_idx", cache.cache_batch_idx, batch, false},
-             {"cache.page_table", cache.page_table, table_rows * cache.pages_per_batch, false}},
+             {"cache.page_table", cache.page_table, table_rows * cache.pages_per_batch, false},
+             {"cache.cache_leftpad", cache.cache_leftpad, batch, false}},
             q, out, softmax_lse, options);
         !s.ok()) {
       return s;
     }
+    if (paged && cache.cache_leftpad != nullptr) {
+      return unsupported("cache.cache_leftpad with a paged cache (page_table): left padding "
+                         "is taken for contiguous caches only, as in FlashAttention-3");
+    }
     params->cache_seqlens = cache.cache_seqlens;
+    params->cache_leftpad = cache.cache_leftpad;
     params->cache_batch_idx = cache.cache_batch_idx;
     params->kv_batch = static_cast<int>(k_cache.shape[0]);
     if (paged) {

@@ -139,6 +139,7 @@ struct ForwardParams : DeviceFields, AttentionProblem, VarlenFields {
   // (device, or null: b).
   const int* cache_seqlens = nullptr;
   const int* cache_batch_idx = nullptr;
+  const int* cache_leftpad = nullptr;  // or null: batch b's keys from slot cache_leftpad[b]
   int kv_batch = 0;
   // A paged KV cache (page_table non-null, fwd/kv_cache.hpp): k and v are
   // kv_batch pages of page_size rows, seqlen_k = pages_per_batch x

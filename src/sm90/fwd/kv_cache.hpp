@@ -20,7 +20,8 @@ namespace flash3::sm90::fwd {
 
 struct CacheKeys {
   int batch;   // K/V batch (contiguous caches), or page table row (paged)
-  int length;  // keys used, in [0, capacity]
+  int length;  // keys used, in [0, capacity - begin]
+  int begin;   // the first key's slot (left padding; 0 without it)
 };
 
 // Where a paged cache's key slot lives: row `row` of page `page`.
@@ -57,13 +58,19 @@ struct KvCacheSequences {
   int page_size = 0;
   flash3::detail::FastDivisor by_page_size;
   int box_rows = kPageBoxRows;  // paged_box_rows(page_size, the kernel's block_n)
+  const int* leftpad = nullptr;  // batch entries, device, or null (contiguous caches only)
 
+  // Batch b's keys: slots [begin, begin + length), cache_seqlens and the left
+  // padding clamped into the capacity.
   FLASH3_HOST_DEVICE CacheKeys keys(int b) const {
-    const int length = seqlens[b];
+    int end = seqlens[b];
+    end = end < 0 ? 0 : (end > capacity ? capacity : end);
+    int begin = leftpad != nullptr ? leftpad[b] : 0;
+    begin = begin < 0 ? 0 : (begin > end ? end : begin);
     int kv = batch_idx != nullptr ? batch_idx[b] : b;
     const int rows = page_table != nullptr ? page_table_rows : kv_batch;
     kv = kv < 0 ? 0 : (kv >= rows ? rows - 1 : kv);
-    return {kv, length < 0 ? 0 : (length > capacity ? capacity : length)};
+    return {kv, end - begin, begin};
   }
 
   // Slot `slot` (>= 0; past the capacity in a key block's tail, whose rows

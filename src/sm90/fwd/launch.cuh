@@ -170,7 +170,8 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
                   p.seqlen_k,           p.page_table,      p.page_table_rows,
                   p.pages_per_batch,    p.page_size,
                   detail::FastDivisor::of(std::max(p.page_size, 1)),
-                  sm90::fwd::paged_box_rows(p.page_size, T::kBlockN)};
+                  sm90::fwd::paged_box_rows(p.page_size, T::kBlockN),
+                  p.cache_leftpad};
   }
 
   const long long tiles = static_cast<long long>(args.num_m_blocks) * p.heads_q * p.batch;

@@ -116,7 +116,7 @@ struct Mainloop {
             load_paged(&args.k, smem.k_full[c.pipe.stage], smem.k[c.pipe.stage], c.n, c.head_kv,
                        c.work.k.batch);
           } else {
-            load_k(c.pipe, c.n, c.head_kv, c.work.k.batch, 0);
+            load_k(c.pipe, c.n, c.head_kv, c.work.k.batch, c.work.k.begin);
           }
         } else {
           load_k(c.pipe, c.n, c.head_kv, c.work.tile.batch, 0);
@@ -142,7 +142,7 @@ struct Mainloop {
             load_paged(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage], c.n, c.head_kv,
                        c.work.k.batch);
           } else {
-            load_v(c.pipe, c.n, c.head_kv, c.work.k.batch, 0);
+            load_v(c.pipe, c.n, c.head_kv, c.work.k.batch, c.work.k.begin);
           }
         } else {
           load_v(c.pipe, c.n, c.head_kv, c.work.tile.batch, 0);

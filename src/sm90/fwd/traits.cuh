@@ -252,11 +252,20 @@ struct VarlenConfig : Config {
   static constexpr bool kDeferOStoreWait = false;
 };
 
+// Key blocks of the decoding kernels (split-KV, KV cache): the tile config's,
+// rounded down to a multiple of 64 rows (head dim 128: 176 -> 128; 256: 80
+// -> 64), so that a paged cache's pages of 64, 128, 256 ... keys load a
+// block in boxes of 64 rows or more (kv_cache.hpp: paged_box_rows). At head
+// dim 128 the KV-cache kernel's blocks of 128 also read K/V 0-10% faster
+// than the split-KV kernel's 176 did in the same runs (H100, session 33).
+constexpr int decode_block_n(int block_n) { return block_n / 64 * 64; }
+
 // A tile config for decode-shaped launches (decode.hpp): few tiles of many
 // key blocks, cut in pieces over the SMs by the tail split.
 template <class Config>
 struct SplitKvConfig : Config {
   static constexpr bool kTailSplit = true;
+  static constexpr int kBlockN = decode_block_n(Config::kBlockN);
 };
 
 // A tile config for a KV cache (kv_cache.hpp): each batch's own key count,
@@ -267,10 +276,7 @@ template <class Config, bool kCausal>
 struct KvCacheConfig : Config {
   static constexpr bool kTailSplit = !kCausal;
   static constexpr bool kKvMulticast = false;
-  // Key blocks of a multiple of 64 rows (head dim 128: 176 -> 128; 256: 80 ->
-  // 64), so that a paged cache's pages of 64, 128, 256 ... keys load a block
-  // in boxes of 64 rows or more (kv_cache.hpp: paged_box_rows).
-  static constexpr int kBlockN = Config::kBlockN / 64 * 64;
+  static constexpr int kBlockN = decode_block_n(Config::kBlockN);
 };
 
 // Which sequences a kernel takes (KernelArgs): kDense, one seqlen_q and one
