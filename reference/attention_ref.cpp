@@ -35,6 +35,18 @@ void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<
   }
 }
 
+// ... and the variant's: sinks empty or one per query head, windows from -1.
+void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
+                 const std::vector<float>& v, const Variant& variant) {
+  check_sizes(s, q, k, v);
+  if (!variant.sinks.empty() && variant.sinks.size() != static_cast<size_t>(s.heads_q)) {
+    throw std::invalid_argument("flash3::ref: sinks must hold heads_q values");
+  }
+  if (variant.window_left < -1 || variant.window_right < -1) {
+    throw std::invalid_argument("flash3::ref: window sizes are -1 (unbounded) or more");
+  }
+}
+
 void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
                  const std::vector<float>& v, const std::vector<float>& dout) {
   check_sizes(s, q, k, v);
@@ -107,8 +119,11 @@ struct Problem {
   const float* k;
   const float* v;
   bool causal;
+  const Variant& variant;
 
   int kv_head(int h) const { return h / (shape.heads_q / shape.heads_k); }
+  KeyRange keys(int i) const { return visible_key_range(shape, causal, variant, i); }
+  bool has_sinks() const { return !variant.sinks.empty(); }
   // Row i of query head h (q, out, dout) and row j of kv head `kv` (k, v) in batch b.
   size_t q_offset(int b, int i, int h) const {
     return offset(b, i, h, shape.seqlen_q, shape.heads_q, shape.headdim);
@@ -128,11 +143,24 @@ struct RowSoftmax {
   Acc lse() const { return sum == 0 ? std::numeric_limits<Acc>::infinity() : max + std::log(sum); }
 };
 
-// scale * q_i . k_j, rounded where a plain implementation stores S.
+// scale * q_i . k_j, rounded where a plain implementation stores S; with
+// softcap c, c * tanh(that / c) (rounded again), and the tanh for the
+// backward's 1 - tanh^2 (0 without softcap).
+template <class Acc>
+struct Score {
+  Acc value;
+  Acc tanh;
+};
 template <class Acc, class Round>
-Acc score(const Problem& p, int b, int h, int i, int j, Acc scale, const Round& round) {
-  return scale * round(dot<Acc>(p.q + p.q_offset(b, i, h), p.k + p.kv_offset(b, j, p.kv_head(h)),
-                                p.shape.headdim));
+Score<Acc> score(const Problem& p, int b, int h, int i, int j, Acc scale, const Round& round) {
+  const Acc s = scale * round(dot<Acc>(p.q + p.q_offset(b, i, h),
+                                       p.k + p.kv_offset(b, j, p.kv_head(h)), p.shape.headdim));
+  if (p.variant.softcap <= 0) {
+    return {s, 0};
+  }
+  const Acc cap = static_cast<Acc>(p.variant.softcap);
+  const Acc t = std::tanh(s / cap);
+  return {round(cap * t), t};
 }
 
 // One query row in Acc arithmetic, with `round` applied where a plain
@@ -141,21 +169,30 @@ Acc score(const Problem& p, int b, int h, int i, int j, Acc scale, const Round& 
 template <class Acc, class Round>
 RowSoftmax<Acc> attend_row(const Problem& p, int b, int h, int i, Acc scale, const Round& round,
                            Acc* out_row) {
-  const int keys = visible_keys(p.shape, p.causal, i);
-  if (keys == 0) {
+  const KeyRange keys = p.keys(i);
+  if (keys.first == keys.end && !p.has_sinks()) {
     return {};
   }
-  std::vector<Acc> probs(keys);
-  for (int j = 0; j < keys; ++j) {
-    probs[j] = score(p, b, h, i, j, scale, round);
+  std::vector<Acc> probs(keys.end - keys.first);
+  for (int j = keys.first; j < keys.end; ++j) {
+    probs[j - keys.first] = score(p, b, h, i, j, scale, round).value;
   }
-  RowSoftmax<Acc> softmax{*std::max_element(probs.begin(), probs.end())};
+  // The sink's logit joins the softmax (its exp in the sum) but adds no value.
+  const Acc sink = p.has_sinks() ? static_cast<Acc>(p.variant.sinks[h])
+                                 : -std::numeric_limits<Acc>::infinity();
+  RowSoftmax<Acc> softmax{sink};
+  for (const Acc x : probs) {
+    softmax.max = std::max(softmax.max, x);
+  }
   for (Acc& x : probs) {
     x = std::exp(x - softmax.max);
     softmax.sum += x;
   }
-  for (int j = 0; j < keys; ++j) {
-    const Acc weight = round(probs[j] / softmax.sum);
+  if (p.has_sinks()) {
+    softmax.sum += std::exp(sink - softmax.max);
+  }
+  for (int j = keys.first; j < keys.end; ++j) {
+    const Acc weight = round(probs[j - keys.first] / softmax.sum);
     const float* v_row = p.v + p.kv_offset(b, j, p.kv_head(h));
     for (int x = 0; x < p.shape.headdim; ++x) {
       out_row[x] += weight * static_cast<Acc>(v_row[x]);
@@ -184,14 +221,22 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
   const auto row = [&s](int b, int h, int i) {
     return (static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i;
   };
-  // P_ij and scale * dS_ij = scale * P_ij (dP_ij - D_i), dP_ij = dout_i . v_j.
+  // P_ij and scale * dS_ij = scale * P_ij (dP_ij - D_i), dP_ij = dout_i . v_j
+  // (with softcap times 1 - tanh^2, the capped score's derivative).
   const auto p_and_ds = [&](int b, int h, int i, int j) {
     const RowSoftmax<Acc>& sm = softmax[row(b, h, i)];
-    const Acc prob = round(std::exp(score(p, b, h, i, j, scale, round) - sm.max) / sm.sum);
+    const Score<Acc> sc = score(p, b, h, i, j, scale, round);
+    const Acc prob = round(std::exp(sc.value - sm.max) / sm.sum);
     const float* v_row = p.v + p.kv_offset(b, j, p.kv_head(h));
     const Acc dp = round(dot<Acc>(&dout[p.q_offset(b, i, h)], v_row, d));
-    return std::pair<Acc, Acc>{prob, round(scale * prob * (dp - delta[row(b, h, i)]))};
+    Acc ds = scale * prob * (dp - delta[row(b, h, i)]);
+    if (p.variant.softcap > 0) {
+      ds *= 1 - sc.tanh * sc.tanh;
+    }
+    return std::pair<Acc, Acc>{prob, round(ds)};
   };
+  // Each row's share of its head's dsinks: -P_sink D (sinks only).
+  std::vector<Acc> sink_share(p.has_sinks() ? s.lse_size() : 0);
   for_each_row(s.batch, s.heads_q, s.seqlen_q, [&](int b, int h, int i) {
     std::vector<Acc> out(d);
     softmax[row(b, h, i)] = attend_row<Acc>(p, b, h, i, scale, round, out.data());
@@ -200,8 +245,14 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
     for (int x = 0; x < d; ++x) {
       row_delta += static_cast<Acc>(dout_row[x]) * out[x];
     }
+    if (p.has_sinks()) {
+      const RowSoftmax<Acc>& sm = softmax[row(b, h, i)];
+      sink_share[row(b, h, i)] =
+          -std::exp(static_cast<Acc>(p.variant.sinks[h]) - sm.max) / sm.sum * row_delta;
+    }
     Acc* dq = &g.dq[p.q_offset(b, i, h)];
-    for (int j = 0; j < visible_keys(s, p.causal, i); ++j) {
+    const KeyRange keys = p.keys(i);
+    for (int j = keys.first; j < keys.end; ++j) {
       const Acc ds = p_and_ds(b, h, i, j).second;
       const float* k_row = p.k + p.kv_offset(b, j, p.kv_head(h));
       for (int x = 0; x < d; ++x) {
@@ -218,7 +269,8 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
     Acc* dv = &g.dv[p.kv_offset(b, j, kv)];
     for (int h = kv * group; h < (kv + 1) * group; ++h) {
       for (int i = 0; i < s.seqlen_q; ++i) {
-        if (j >= visible_keys(s, p.causal, i)) {
+        const KeyRange keys = p.keys(i);
+        if (j < keys.first || j >= keys.end) {
           continue;
         }
         const auto [prob, ds] = p_and_ds(b, h, i, j);
@@ -235,6 +287,19 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
       dv[x] = round(dv[x]);
     }
   });
+  if (p.has_sinks()) {
+    g.dsinks.assign(s.heads_q, 0);
+    for (int b = 0; b < s.batch; ++b) {
+      for (int h = 0; h < s.heads_q; ++h) {
+        for (int i = 0; i < s.seqlen_q; ++i) {
+          g.dsinks[h] += sink_share[row(b, h, i)];
+        }
+      }
+    }
+    for (Acc& x : g.dsinks) {
+      x = round(x);
+    }
+  }
   return g;
 }
 
@@ -281,19 +346,37 @@ size_t Shape::kv_size() const { return static_cast<size_t>(batch) * seqlen_k * h
 size_t Shape::lse_size() const { return static_cast<size_t>(batch) * heads_q * seqlen_q; }
 
 int visible_keys(const Shape& shape, bool causal, int row) {
-  if (!causal) {
-    return shape.seqlen_k;
+  return visible_key_range(shape, causal, Variant{}, row).end;
+}
+
+KeyRange visible_key_range(const Shape& shape, bool causal, const Variant& variant, int row) {
+  const int64_t diagonal = int64_t{row} + shape.seqlen_k - shape.seqlen_q;
+  int64_t first = 0, last = shape.seqlen_k - 1;
+  if (variant.window_left >= 0) {
+    first = std::max(first, diagonal - variant.window_left);
   }
-  const int64_t last = int64_t{row} + shape.seqlen_k - shape.seqlen_q;
-  return static_cast<int>(std::clamp<int64_t>(last + 1, 0, shape.seqlen_k));
+  if (causal) {
+    last = std::min(last, diagonal);
+  }
+  if (variant.window_right >= 0) {
+    last = std::min(last, diagonal + variant.window_right);
+  }
+  const int64_t end = std::clamp<int64_t>(last + 1, 0, shape.seqlen_k);
+  return {static_cast<int>(std::clamp<int64_t>(first, 0, end)), static_cast<int>(end)};
 }
 
 Reference attention_forward(const Shape& shape, const std::vector<float>& q,
                             const std::vector<float>& k, const std::vector<float>& v,
                             double softmax_scale, bool causal) {
-  check_sizes(shape, q, k, v);
+  return attention_forward(shape, q, k, v, softmax_scale, causal, Variant{});
+}
+
+Reference attention_forward(const Shape& shape, const std::vector<float>& q,
+                            const std::vector<float>& k, const std::vector<float>& v,
+                            double softmax_scale, bool causal, const Variant& variant) {
+  check_sizes(shape, q, k, v, variant);
   Reference r{std::vector<double>(shape.q_size()), std::vector<double>(shape.lse_size())};
-  const Problem p{shape, q.data(), k.data(), v.data(), causal};
+  const Problem p{shape, q.data(), k.data(), v.data(), causal, variant};
   for_each_row(shape.batch, shape.heads_q, shape.seqlen_q, [&](int b, int h, int i) {
     const size_t lse_row = (static_cast<size_t>(b) * shape.heads_q + h) * shape.seqlen_q + i;
     r.lse[lse_row] =
@@ -306,9 +389,16 @@ std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
                                            const std::vector<float>& q, const std::vector<float>& k,
                                            const std::vector<float>& v, float softmax_scale,
                                            bool causal) {
-  check_sizes(shape, q, k, v);
+  return attention_forward_plain(type, shape, q, k, v, softmax_scale, causal, Variant{});
+}
+
+std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
+                                           const std::vector<float>& q, const std::vector<float>& k,
+                                           const std::vector<float>& v, float softmax_scale,
+                                           bool causal, const Variant& variant) {
+  check_sizes(shape, q, k, v, variant);
   std::vector<float> out(shape.q_size());
-  const Problem p{shape, q.data(), k.data(), v.data(), causal};
+  const Problem p{shape, q.data(), k.data(), v.data(), causal, variant};
   const auto to_type = [type](float x) { return round_to(type, x); };
   for_each_row(shape.batch, shape.heads_q, shape.seqlen_q, [&](int b, int h, int i) {
     attend_row<float>(p, b, h, i, softmax_scale, to_type, &out[p.q_offset(b, i, h)]);
@@ -319,8 +409,16 @@ std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
 Gradients attention_backward(const Shape& shape, const std::vector<float>& q,
                              const std::vector<float>& k, const std::vector<float>& v,
                              const std::vector<float>& dout, double softmax_scale, bool causal) {
+  return attention_backward(shape, q, k, v, dout, softmax_scale, causal, Variant{});
+}
+
+Gradients attention_backward(const Shape& shape, const std::vector<float>& q,
+                             const std::vector<float>& k, const std::vector<float>& v,
+                             const std::vector<float>& dout, double softmax_scale, bool causal,
+                             const Variant& variant) {
   check_sizes(shape, q, k, v, dout);
-  const Problem p{shape, q.data(), k.data(), v.data(), causal};
+  check_sizes(shape, q, k, v, variant);
+  const Problem p{shape, q.data(), k.data(), v.data(), causal, variant};
   return backward<Gradients>(p, dout, softmax_scale, exact);
 }
 
@@ -328,8 +426,16 @@ PlainGradients attention_backward_plain(HalfType type, const Shape& shape,
                                         const std::vector<float>& q, const std::vector<float>& k,
                                         const std::vector<float>& v, const std::vector<float>& dout,
                                         float softmax_scale, bool causal) {
+  return attention_backward_plain(type, shape, q, k, v, dout, softmax_scale, causal, Variant{});
+}
+
+PlainGradients attention_backward_plain(HalfType type, const Shape& shape,
+                                        const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, const std::vector<float>& dout,
+                                        float softmax_scale, bool causal, const Variant& variant) {
   check_sizes(shape, q, k, v, dout);
-  const Problem p{shape, q.data(), k.data(), v.data(), causal};
+  check_sizes(shape, q, k, v, variant);
+  const Problem p{shape, q.data(), k.data(), v.data(), causal, variant};
   const auto to_type = [type](float x) { return round_to(type, x); };
   return backward<PlainGradients>(p, dout, softmax_scale, to_type);
 }

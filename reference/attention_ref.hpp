@@ -35,6 +35,31 @@ struct Shape {
 // j <= row + seqlen_k - seqlen_q (the mask's bottom-right alignment).
 int visible_keys(const Shape& shape, bool causal, int row);
 
+// The attention variants of issue 25, with FlashAttention's semantics, for
+// the overloads below that take one (the others: Variant{}):
+//  - window_left / window_right: query row i sees keys j with
+//    i + o - window_left <= j <= i + o + window_right, o = seqlen_k -
+//    seqlen_q (bottom-right aligned, as the causal mask); -1 leaves that
+//    side unbounded. With causal the tighter right limit holds.
+//  - softcap > 0: every scaled score s becomes softcap * tanh(s / softcap).
+//  - sinks (empty, or heads_q values): a row of query head h has one more
+//    logit, sinks[h], that takes probability but adds no value (gpt-oss's
+//    learnable sinks); the log-sum-exp includes it, so a row that sees no
+//    key has lse sinks[h] and a zero out row.
+struct Variant {
+  int window_left = -1;
+  int window_right = -1;
+  double softcap = 0.0;
+  std::vector<float> sinks;
+};
+
+// The keys [first, end) query row `row` sees (first == end: none).
+struct KeyRange {
+  int first = 0;
+  int end = 0;
+};
+KeyRange visible_key_range(const Shape& shape, bool causal, const Variant& variant, int row);
+
 struct Reference {
   std::vector<double> out;
   // Natural log; +inf for a row that sees no key (its out row is zero).
@@ -46,6 +71,9 @@ struct Reference {
 Reference attention_forward(const Shape& shape, const std::vector<float>& q,
                             const std::vector<float>& k, const std::vector<float>& v,
                             double softmax_scale, bool causal);
+Reference attention_forward(const Shape& shape, const std::vector<float>& q,
+                            const std::vector<float>& k, const std::vector<float>& v,
+                            double softmax_scale, bool causal, const Variant& variant);
 
 // The same in `type` arithmetic, step by step: S = q k^T accumulated in fp32
 // and rounded to `type`; scale and softmax in fp32, P rounded to `type`;
@@ -55,19 +83,30 @@ std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
                                            const std::vector<float>& q, const std::vector<float>& k,
                                            const std::vector<float>& v, float softmax_scale,
                                            bool causal);
+std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
+                                           const std::vector<float>& q, const std::vector<float>& k,
+                                           const std::vector<float>& v, float softmax_scale,
+                                           bool causal, const Variant& variant);
 
 // Gradients of out = softmax(scale * q k^T [causal]) v, given dout (shaped
 // like out), in float64: with P the softmax and D_i = dout_i . out_i,
 // dv = P^T dout, dS = P * (dout v^T - D), dq = scale * dS k,
 // dk = scale * dS^T q. A kv head's dk and dv sum over the query heads that
 // read it. Rows that see no key get zero dq and give nothing to dk, dv.
+// Variants: softcap multiplies dS by 1 - tanh^2 of the capped score; with
+// sinks, dsinks[h] = -sum over the rows of head h of P_sink D (the sink's
+// probability times D_i), heads_q values (empty without sinks).
 struct Gradients {
-  std::vector<double> dq, dk, dv;
+  std::vector<double> dq, dk, dv, dsinks;
 };
 
 Gradients attention_backward(const Shape& shape, const std::vector<float>& q,
                              const std::vector<float>& k, const std::vector<float>& v,
                              const std::vector<float>& dout, double softmax_scale, bool causal);
+Gradients attention_backward(const Shape& shape, const std::vector<float>& q,
+                             const std::vector<float>& k, const std::vector<float>& v,
+                             const std::vector<float>& dout, double softmax_scale, bool causal,
+                             const Variant& variant);
 
 // The same as autograd through attention_forward_plain would give it in
 // `type`: P and out recomputed as there; dv = P^T dout and dP = dout v^T
@@ -76,13 +115,17 @@ Gradients attention_backward(const Shape& shape, const std::vector<float>& q,
 // dk = dS^T q accumulated in fp32 (dk, dv over the whole group of query
 // heads) and rounded.
 struct PlainGradients {
-  std::vector<float> dq, dk, dv;
+  std::vector<float> dq, dk, dv, dsinks;
 };
 
 PlainGradients attention_backward_plain(HalfType type, const Shape& shape,
                                         const std::vector<float>& q, const std::vector<float>& k,
                                         const std::vector<float>& v, const std::vector<float>& dout,
                                         float softmax_scale, bool causal);
+PlainGradients attention_backward_plain(HalfType type, const Shape& shape,
+                                        const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, const std::vector<float>& dout,
+                                        float softmax_scale, bool causal, const Variant& variant);
 
 struct ErrorStats {
   double max_abs = 0.0;   // +inf when any value is not finite

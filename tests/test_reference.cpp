@@ -4,6 +4,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -310,6 +311,182 @@ TEST(ReferenceBackward, RowsThatSeeNoKeyGetZeroDq) {
       }
     }
   }
+}
+
+// ---------------------------------------------------------------- variants (issue 25)
+
+double variant_loss(const Shape& s, const Inputs& in, const std::vector<float>& dout, double scale,
+                    bool causal, const Variant& variant) {
+  const Reference r = attention_forward(s, in.q, in.k, in.v, scale, causal, variant);
+  double sum = 0;
+  for (size_t i = 0; i < dout.size(); ++i) {
+    sum += r.out[i] * dout[i];
+  }
+  return sum;
+}
+
+TEST(ReferenceVariants, WindowRangesAreBottomRightAligned) {
+  // 3 queries, 7 keys: row i's diagonal key is i + 4.
+  const Shape s{1, 3, 7, 1, 1, 1};
+  Variant w;
+  w.window_left = 2;
+  w.window_right = 1;
+  const auto range = [&](bool causal, int row) {
+    const KeyRange r = visible_key_range(s, causal, w, row);
+    return std::pair<int, int>{r.first, r.end};
+  };
+  EXPECT_EQ(range(false, 0), std::make_pair(2, 6));
+  EXPECT_EQ(range(false, 2), std::make_pair(4, 7));
+  EXPECT_EQ(range(true, 0), std::make_pair(2, 5));  // causal: the right limit is the diagonal
+  w.window_right = -1;
+  EXPECT_EQ(range(false, 1), std::make_pair(3, 7));
+  w.window_left = 0;
+  w.window_right = 0;
+  EXPECT_EQ(range(false, 1), std::make_pair(5, 6));  // the diagonal key alone
+  // More queries than keys: early rows see nothing.
+  const Shape tall{1, 7, 3, 1, 1, 1};
+  EXPECT_EQ(visible_key_range(tall, true, Variant{}, 2).end, 0);
+  EXPECT_EQ(visible_key_range(tall, true, Variant{}, 5).end, 2);
+}
+
+TEST(ReferenceVariants, WindowsThatHideNothingOrAllAboveTheDiagonalAreTheOldMasks) {
+  const Shape s{2, 9, 13, 4, 2, 8};
+  const Inputs in = random_inputs(s, 101);
+  Variant everything;
+  everything.window_left = s.seqlen_k;
+  everything.window_right = s.seqlen_k;
+  Variant causal_window;
+  causal_window.window_right = 0;
+  const Reference full = run(s, in, 0.4, false), causal = run(s, in, 0.4, true);
+  expect_near_all(attention_forward(s, in.q, in.k, in.v, 0.4, false, everything).out, full.out);
+  expect_near_all(attention_forward(s, in.q, in.k, in.v, 0.4, false, causal_window).out,
+                  causal.out);
+  expect_near_all(attention_forward(s, in.q, in.k, in.v, 0.4, false, causal_window).lse,
+                  causal.lse);
+}
+
+TEST(ReferenceVariants, AHugeSoftcapChangesNothing) {
+  const Shape s{1, 5, 6, 2, 1, 8};
+  const Inputs in = random_inputs(s, 111);
+  Variant cap;
+  cap.softcap = 1e7;
+  const Reference plain = run(s, in, 0.5, true);
+  const Reference capped = attention_forward(s, in.q, in.k, in.v, 0.5, true, cap);
+  for (size_t i = 0; i < plain.out.size(); ++i) {
+    ASSERT_NEAR(capped.out[i], plain.out[i], 1e-9);
+  }
+  cap.softcap = 0.5;  // a small one bounds every score: |s| <= 0.5
+  const Reference tight = attention_forward(s, in.q, in.k, in.v, 1.0, false, cap);
+  for (const double lse : tight.lse) {
+    EXPECT_LE(lse, 0.5 + std::log(6.0) + 1e-12);
+    EXPECT_GE(lse, -0.5 + std::log(6.0) - 1e-12);
+  }
+}
+
+// A sink adds exp(sink) to each row's denominator: lse' = log(exp(lse) +
+// exp(sink)) and out' = out * exp(lse - lse'); a row that sees no key keeps
+// a zero out row and gets lse' = sink.
+TEST(ReferenceVariants, SinksTakeProbabilityButAddNoValue) {
+  const Shape s{2, 6, 4, 3, 1, 8};
+  const Inputs in = random_inputs(s, 121);
+  Variant sinks;
+  sinks.sinks = {0.5f, -2.0f, 3.0f};
+  const Reference plain = run(s, in, 0.5, true);
+  const Reference with = attention_forward(s, in.q, in.k, in.v, 0.5, true, sinks);
+  for (int b = 0; b < s.batch; ++b) {
+    for (int h = 0; h < s.heads_q; ++h) {
+      for (int i = 0; i < s.seqlen_q; ++i) {
+        const size_t row = (static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i;
+        const double sink = sinks.sinks[h];
+        const double want = plain.lse[row] == kInf
+                                ? sink
+                                : std::log(std::exp(plain.lse[row]) + std::exp(sink));
+        ASSERT_NEAR(with.lse[row], want, kExact);
+        const double factor = plain.lse[row] == kInf ? 0 : std::exp(plain.lse[row] - want);
+        for (int x = 0; x < s.headdim; ++x) {
+          const size_t at = ((static_cast<size_t>(b) * s.seqlen_q + i) * s.heads_q + h) * s.headdim + x;
+          ASSERT_NEAR(with.out[at], plain.out[at] * factor, kExact);
+        }
+      }
+    }
+  }
+}
+
+// The variants' gradients (dq, dk, dv, and dsinks) against central
+// differences, as MatchesFiniteDifferences does for the plain masks.
+TEST(ReferenceVariants, GradientsMatchFiniteDifferences) {
+  constexpr float kStep = 1.0f / 4096;
+  constexpr double kRelTol = 1e-6;
+  struct Case {
+    const char* name;
+    Shape shape;
+    bool causal;
+    Variant variant;
+  };
+  Variant window;
+  window.window_left = 2;
+  window.window_right = 1;
+  Variant cap;
+  cap.softcap = 1.5;
+  Variant sinks;
+  sinks.sinks = {0.25f, -1.0f, 1.5f, 0.0f};
+  Variant all = window;
+  all.softcap = 2.0;
+  all.sinks = {0.5f, -0.5f};
+  const Case cases[] = {
+      {"window", {1, 5, 6, 2, 1, 4}, false, window},
+      {"window, causal", {1, 6, 5, 2, 2, 4}, true, window},
+      {"softcap", {1, 4, 5, 2, 1, 4}, true, cap},
+      {"sinks, rows without keys", {2, 5, 3, 4, 2, 4}, true, sinks},
+      {"window + softcap + sinks", {1, 5, 7, 2, 1, 4}, false, all},
+  };
+  unsigned seed = 131;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Shape& s = c.shape;
+    Inputs in = random_inputs(s, seed);
+    const std::vector<float> dout = random_values(s.q_size(), seed + 3);
+    seed += 10;
+    Variant variant = c.variant;
+    const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, 0.5, c.causal, variant);
+    ASSERT_EQ(g.dsinks.size(), variant.sinks.size());
+    const struct {
+      const char* name;
+      std::vector<float>& x;
+      const std::vector<double>& grad;
+    } tensors[] = {{"dq", in.q, g.dq}, {"dk", in.k, g.dk}, {"dv", in.v, g.dv},
+                   {"dsinks", variant.sinks, g.dsinks}};
+    for (const auto& t : tensors) {
+      for (size_t i = 0; i < t.x.size(); ++i) {
+        const float x = t.x[i];
+        t.x[i] = x + kStep;
+        const double up = variant_loss(s, in, dout, 0.5, c.causal, variant);
+        t.x[i] = x - kStep;
+        const double down = variant_loss(s, in, dout, 0.5, c.causal, variant);
+        t.x[i] = x;
+        const double slope = (up - down) / (2 * kStep);
+        ASSERT_NEAR(t.grad[i], slope, kRelTol * std::max(1.0, std::fabs(slope)))
+            << t.name << " element " << i;
+      }
+    }
+  }
+}
+
+// The plain emulation of a variant: its dtype's error against the float64
+// reference, as without one.
+TEST(ReferenceVariants, PlainEmulationFollowsTheVariant) {
+  const Shape s{1, 40, 64, 2, 1, 32};
+  const Inputs in = random_inputs(s, 141);
+  Variant all;
+  all.window_left = 9;
+  all.softcap = 3.0;
+  all.sinks = {1.0f, -1.0f};
+  const Reference want = attention_forward(s, in.q, in.k, in.v, 0.3, true, all);
+  const std::vector<float> plain =
+      attention_forward_plain(HalfType::kBFloat16, s, in.q, in.k, in.v, 0.3f, true, all);
+  const ErrorStats e = error_stats(plain, want.out);
+  EXPECT_LT(e.max_abs, 3e-2);
+  EXPECT_GT(e.max_abs, 0.0);
 }
 
 // The plain emulation's gradients: values of its dtype, near the float64
