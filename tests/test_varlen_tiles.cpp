@@ -1,14 +1,19 @@
 // The varlen tile space (src/sm90/common/varlen.hpp): every query block of every
 // (sequence, head) exactly once, none of padding, a head's blocks together;
-// malformed cu_seqlens clamped inside the tensor.
+// malformed cu_seqlens clamped inside the tensor. And the varlen backward's
+// workspace rows (src/sm90/bwd/workspace.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <random>
 #include <set>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "forward_case.hpp"
+#include "src/sm90/bwd/workspace.hpp"
 #include "src/sm90/common/varlen.hpp"
 
 namespace {
@@ -123,3 +128,65 @@ TEST(VarlenTiles, OverlappingSequencesSaturateThePrefix) {
 }
 
 }  // namespace
+
+// The varlen backward's per-query-row workspace (src/sm90/bwd/workspace.hpp):
+// each (sequence, head) keeps its whole query blocks in rows of its own,
+// inside its head's padded_seqlen_q rows, apart from every other's; with
+// seqused_q and with malformed offsets too (apart then only if they do not
+// overlap, but always inside). Key blocks fit the layout's num_n_blocks.
+void expect_query_rows_apart(const std::vector<int>& cu, const std::vector<int>& used, int heads,
+                             int headdim, bool well_formed) {
+  namespace bwd = flash3::sm90::bwd;
+  const int batch = static_cast<int>(cu.size()) - 1;
+  const int total = cu.back() < 0 ? 0 : cu.back();
+  const auto w = bwd::WorkspaceLayout::of(1, total, total, heads, heads, headdim, false, batch);
+  const int block_m = w.block_m;
+  const flash3::sm90::VarlenSequences varlen{cu.data(), cu.data(), used.empty() ? nullptr : used.data(),
+                                             nullptr, nullptr, batch, total, total};
+  std::vector<std::pair<int64_t, int64_t>> regions;
+  for (int h = 0; h < heads; ++h) {
+    for (int b = 0; b < batch; ++b) {
+      const bwd::QueryRows q =
+          bwd::query_rows(varlen, b, h, heads, total, w.padded_seqlen_q, block_m);
+      ASSERT_EQ(q.batch, 0);
+      ASSERT_GE(q.row0, 0);
+      ASSERT_LE(q.row0 + q.length, total) << b;
+      ASSERT_EQ(q.ws_row0 % block_m, 0) << b;
+      const int64_t rows = (q.length + block_m - 1) / block_m * int64_t{block_m};
+      ASSERT_GE(q.ws_row0, h * w.padded_seqlen_q) << b;
+      ASSERT_LE(q.ws_row0 + rows, (h + 1) * w.padded_seqlen_q) << b;
+      ASSERT_EQ(q.lse_row0, int64_t{h} * total + q.row0);
+      if (rows > 0) {
+        regions.emplace_back(q.ws_row0, q.ws_row0 + rows);
+      }
+    }
+  }
+  if (well_formed) {
+    std::sort(regions.begin(), regions.end());
+    for (size_t i = 1; i < regions.size(); ++i) {
+      EXPECT_LE(regions[i - 1].second, regions[i].first) << "workspace rows shared";
+    }
+  }
+  std::vector<int> key_prefix(batch + 1);
+  flash3::sm90::block_prefix(cu.data(), nullptr, batch, total, w.block_n, key_prefix.data());
+  EXPECT_LE(key_prefix[batch], w.num_n_blocks);
+}
+
+TEST(VarlenBackwardWorkspace, SequencesKeepTheirQueryRowsApart) {
+  std::mt19937 rng(4321);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int batch = 1 + static_cast<int>(rng() % 30);
+    std::vector<int> lengths(batch), used(batch);
+    for (int b = 0; b < batch; ++b) {
+      lengths[b] = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 700);
+      used[b] = static_cast<int>(rng() % (lengths[b] + 2));
+    }
+    const std::vector<int> cu = cu_seqlens_of(lengths);
+    for (const int headdim : {64, 128, 256}) {
+      expect_query_rows_apart(cu, {}, 1 + trial % 3, headdim, true);
+      expect_query_rows_apart(cu, used, 2, headdim, true);
+    }
+  }
+  // Malformed offsets: clamped inside, never outside the head's rows.
+  expect_query_rows_apart({-5, 40, 30, 120, 90, 100}, {}, 2, 128, false);
+}

@@ -6,8 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "sm90/common/varlen.hpp"
-#include "sm90/problem.hpp"  // FLASH3_HOST_DEVICE
+#include "../common/varlen.hpp"
+#include "../problem.hpp"  // FLASH3_HOST_DEVICE (relative: the CPU tests include this)
 
 namespace flash3::sm90::bwd {
 
