@@ -1,6 +1,8 @@
 // The float64 reference and the plain fp16/bf16 emulation, on their own.
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -229,8 +231,8 @@ TEST(PlainEmulation, ErrorIsThatOfItsDtype) {
 
 // sum(out * dout): the loss whose gradients attention_backward gives.
 double loss(const Shape& s, const Inputs& in, const std::vector<float>& dout, double scale,
-            bool causal) {
-  const Reference r = run(s, in, scale, causal);
+            bool causal, const Variant& variant = Variant{}) {
+  const Reference r = attention_forward(s, in.q, in.k, in.v, scale, causal, variant);
   double sum = 0;
   for (size_t i = 0; i < dout.size(); ++i) {
     sum += r.out[i] * dout[i];
@@ -238,12 +240,38 @@ double loss(const Shape& s, const Inputs& in, const std::vector<float>& dout, do
   return sum;
 }
 
-// Every gradient element against central differences of the loss. The step
-// 2^-12 is exact in float on these bf16 inputs (|x| < 2^11), and the
-// difference's error (step^2 / 6 times a third derivative) is ~1e-8.
-TEST(ReferenceBackward, MatchesFiniteDifferences) {
+// An input of the loss and its gradient.
+struct GradientOf {
+  const char* name;
+  std::vector<float>& x;
+  const std::vector<double>& grad;
+};
+
+// Every gradient element against central differences of loss_now() (which
+// reads the inputs as they are). The step 2^-12 is exact in float on these
+// bf16 inputs (|x| < 2^11), and the difference's error (step^2 / 6 times a
+// third derivative) is ~1e-8.
+void expect_finite_differences(std::initializer_list<GradientOf> tensors,
+                               const std::function<double()>& loss_now) {
   constexpr float kStep = 1.0f / 4096;
   constexpr double kRelTol = 1e-6;
+  for (const GradientOf& t : tensors) {
+    ASSERT_EQ(t.grad.size(), t.x.size()) << t.name;
+    for (size_t i = 0; i < t.x.size(); ++i) {
+      const float x = t.x[i];
+      t.x[i] = x + kStep;
+      const double up = loss_now();
+      t.x[i] = x - kStep;
+      const double down = loss_now();
+      t.x[i] = x;
+      const double slope = (up - down) / (2 * kStep);
+      ASSERT_NEAR(t.grad[i], slope, kRelTol * std::max(1.0, std::fabs(slope)))
+          << t.name << " element " << i;
+    }
+  }
+}
+
+TEST(ReferenceBackward, MatchesFiniteDifferences) {
   struct Case {
     const char* name;
     Shape shape;
@@ -267,25 +295,8 @@ TEST(ReferenceBackward, MatchesFiniteDifferences) {
     const std::vector<float> dout = random_values(s.q_size(), seed + 3);
     seed += 10;
     const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, c.scale, c.causal);
-    const struct {
-      const char* name;
-      std::vector<float>& x;
-      const std::vector<double>& grad;
-    } tensors[] = {{"dq", in.q, g.dq}, {"dk", in.k, g.dk}, {"dv", in.v, g.dv}};
-    for (const auto& t : tensors) {
-      ASSERT_EQ(t.grad.size(), t.x.size());
-      for (size_t i = 0; i < t.x.size(); ++i) {
-        const float x = t.x[i];
-        t.x[i] = x + kStep;
-        const double up = loss(s, in, dout, c.scale, c.causal);
-        t.x[i] = x - kStep;
-        const double down = loss(s, in, dout, c.scale, c.causal);
-        t.x[i] = x;
-        const double slope = (up - down) / (2 * kStep);
-        ASSERT_NEAR(t.grad[i], slope, kRelTol * std::max(1.0, std::fabs(slope)))
-            << t.name << " element " << i;
-      }
-    }
+    expect_finite_differences({{"dq", in.q, g.dq}, {"dk", in.k, g.dk}, {"dv", in.v, g.dv}},
+                              [&] { return loss(s, in, dout, c.scale, c.causal); });
   }
 }
 
@@ -314,16 +325,6 @@ TEST(ReferenceBackward, RowsThatSeeNoKeyGetZeroDq) {
 }
 
 // ---------------------------------------------------------------- variants (issue 25)
-
-double variant_loss(const Shape& s, const Inputs& in, const std::vector<float>& dout, double scale,
-                    bool causal, const Variant& variant) {
-  const Reference r = attention_forward(s, in.q, in.k, in.v, scale, causal, variant);
-  double sum = 0;
-  for (size_t i = 0; i < dout.size(); ++i) {
-    sum += r.out[i] * dout[i];
-  }
-  return sum;
-}
 
 TEST(ReferenceVariants, WindowRangesAreBottomRightAligned) {
   // 3 queries, 7 keys: row i's diagonal key is i + 4.
@@ -415,8 +416,6 @@ TEST(ReferenceVariants, SinksTakeProbabilityButAddNoValue) {
 // The variants' gradients (dq, dk, dv, and dsinks) against central
 // differences, as MatchesFiniteDifferences does for the plain masks.
 TEST(ReferenceVariants, GradientsMatchFiniteDifferences) {
-  constexpr float kStep = 1.0f / 4096;
-  constexpr double kRelTol = 1e-6;
   struct Case {
     const char* name;
     Shape shape;
@@ -450,25 +449,11 @@ TEST(ReferenceVariants, GradientsMatchFiniteDifferences) {
     Variant variant = c.variant;
     const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, 0.5, c.causal, variant);
     ASSERT_EQ(g.dsinks.size(), variant.sinks.size());
-    const struct {
-      const char* name;
-      std::vector<float>& x;
-      const std::vector<double>& grad;
-    } tensors[] = {{"dq", in.q, g.dq}, {"dk", in.k, g.dk}, {"dv", in.v, g.dv},
-                   {"dsinks", variant.sinks, g.dsinks}};
-    for (const auto& t : tensors) {
-      for (size_t i = 0; i < t.x.size(); ++i) {
-        const float x = t.x[i];
-        t.x[i] = x + kStep;
-        const double up = variant_loss(s, in, dout, 0.5, c.causal, variant);
-        t.x[i] = x - kStep;
-        const double down = variant_loss(s, in, dout, 0.5, c.causal, variant);
-        t.x[i] = x;
-        const double slope = (up - down) / (2 * kStep);
-        ASSERT_NEAR(t.grad[i], slope, kRelTol * std::max(1.0, std::fabs(slope)))
-            << t.name << " element " << i;
-      }
-    }
+    expect_finite_differences({{"dq", in.q, g.dq},
+                               {"dk", in.k, g.dk},
+                               {"dv", in.v, g.dv},
+                               {"dsinks", variant.sinks, g.dsinks}},
+                              [&] { return loss(s, in, dout, 0.5, c.causal, variant); });
   }
 }
 

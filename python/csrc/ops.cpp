@@ -194,6 +194,27 @@ struct ForwardCall {
   }
 };
 
+// A backward's options (causal, the scale, determinism) with its workspace,
+// which this holds for the call: from PyTorch's caching allocator on this
+// stream, so freed at return while the kernels still run (stream order),
+// and safe under CUDA graph capture.
+struct BackwardCall {
+  BackwardOptions options;
+  Tensor workspace;
+
+  BackwardCall(std::optional<double> softmax_scale, bool causal, bool deterministic) {
+    options.causal = causal;
+    options.softmax_scale = scale_of(softmax_scale);
+    options.deterministic = deterministic;
+  }
+  // `bytes`: backward_workspace_size's for the call, on q's device.
+  void take_workspace(const Tensor& q, size_t bytes) {
+    workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+    options.workspace = workspace.data_ptr();
+    options.workspace_bytes = bytes;
+  }
+};
+
 // ------------------------------------------------------------ allocations
 // One function per op, run by the CUDA and the Meta kernels alike, so the fake
 // tensors torch.compile traces with have the real outputs' shapes and strides.
@@ -269,10 +290,7 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
   const at::Device device = q.device();
   check_tensor(dout_in, "dout", device);
   const Tensor dout = tma_readable(dout_in) ? dout_in : dout_in.contiguous();
-  BackwardOptions options;
-  options.causal = causal;
-  options.softmax_scale = scale_of(softmax_scale);
-  options.deterministic = deterministic;
+  BackwardCall call(softmax_scale, causal, deterministic);
   const flash3::Tensor dout_d = describe(dout, "dout", device), q_d = describe(q, "q", device),
                        k_d = describe(k, "k", device), v_d = describe(v, "v", device),
                        out_d = describe(out, "out", device);
@@ -280,15 +298,10 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
   const flash3::Tensor dq_d = describe(dq, "dq", device), dk_d = describe(dk, "dk", device),
                        dv_d = describe(dv, "dv", device);
   size_t bytes = 0;
-  raise_unless_ok(backward_workspace_size(q_d, k_d, options, &bytes));
-  // From PyTorch's caching allocator on this stream: stream-ordered, so freed
-  // at return while the kernels still run, and safe under CUDA graph capture.
-  const Tensor workspace =
-      at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  options.workspace = workspace.data_ptr();
-  options.workspace_bytes = bytes;
+  raise_unless_ok(backward_workspace_size(q_d, k_d, call.options, &bytes));
+  call.take_workspace(q, bytes);
   raise_unless_ok(
-      backward(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, options, on.stream));
+      backward(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, call.options, on.stream));
 }
 
 // One descale per block of block_rows rows of each (batch, head) of x (4-d,
@@ -560,18 +573,12 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
                        dv_d = describe(dv4, "dv", device);
   const Varlen varlen =
       varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
-  BackwardOptions options;
-  options.causal = causal;
-  options.softmax_scale = scale_of(softmax_scale);
-  options.deterministic = deterministic;
+  BackwardCall call(softmax_scale, causal, deterministic);
   size_t bytes = 0;
-  raise_unless_ok(backward_workspace_size(q_d, k_d, varlen, options, &bytes));
-  const Tensor workspace =
-      at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  options.workspace = workspace.data_ptr();
-  options.workspace_bytes = bytes;
+  raise_unless_ok(backward_workspace_size(q_d, k_d, varlen, call.options, &bytes));
+  call.take_workspace(q, bytes);
   raise_unless_ok(backward_varlen(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, varlen,
-                                  options, on.stream));
+                                  call.options, on.stream));
   return {dq, dk, dv};
 }
 
@@ -771,6 +778,25 @@ std::tuple<Tensor, Tensor> combine_meta(const Tensor& out_partial, const Tensor&
 }
 
 // ------------------------------------------------------------- autograd
+// The options an autograd kernel's forward saves for its backward.
+struct SavedOptions {
+  std::optional<double> softmax_scale;
+  bool causal;
+  bool deterministic;
+
+  static void save(AutogradContext* ctx, std::optional<double> softmax_scale, bool causal,
+                   bool deterministic) {
+    ctx->saved_data["softmax_scale"] = softmax_scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["deterministic"] = deterministic;
+  }
+  static SavedOptions of(AutogradContext* ctx) {
+    const c10::IValue& scale = ctx->saved_data["softmax_scale"];
+    return {scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
+            ctx->saved_data["causal"].toBool(), ctx->saved_data["deterministic"].toBool()};
+  }
+};
+
 // fwd's autograd kernel: saves q, k, v, out and the log-sum-exp; its backward
 // is the `bwd` op (through the dispatcher, so torch.compile traces it too).
 class Attention : public torch::autograd::Function<Attention> {
@@ -784,9 +810,7 @@ class Attention : public torch::autograd::Function<Attention> {
                          .typed<decltype(fwd_cuda)>();
     auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic);
     ctx->save_for_backward({q, k, v, out, lse});
-    ctx->saved_data["softmax_scale"] = softmax_scale;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["deterministic"] = deterministic;
+    SavedOptions::save(ctx, softmax_scale, causal, deterministic);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
@@ -796,11 +820,9 @@ class Attention : public torch::autograd::Function<Attention> {
                          .findSchemaOrThrow("flash3::bwd", "")
                          .typed<decltype(bwd_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
-    const c10::IValue& scale = ctx->saved_data["softmax_scale"];
-    auto [dq, dk, dv] =
-        op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
-                scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
-                ctx->saved_data["causal"].toBool(), ctx->saved_data["deterministic"].toBool());
+    const SavedOptions o = SavedOptions::of(ctx);
+    auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
+                                o.softmax_scale, o.causal, o.deterministic);
     return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
   }
 };
@@ -862,9 +884,7 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                             seqused_q.value_or(Tensor()), seqused_k.value_or(Tensor())});
     ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
-    ctx->saved_data["softmax_scale"] = softmax_scale;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["deterministic"] = deterministic;
+    SavedOptions::save(ctx, softmax_scale, causal, deterministic);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
@@ -874,15 +894,14 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                          .findSchemaOrThrow("flash3::bwd_varlen", "")
                          .typed<decltype(bwd_varlen_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
-    const c10::IValue& scale = ctx->saved_data["softmax_scale"];
+    const SavedOptions o = SavedOptions::of(ctx);
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
     auto [dq, dk, dv] =
         op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
                 ctx->saved_data["max_seqlen_q"].toInt(),
-                scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
-                ctx->saved_data["causal"].toBool(), ctx->saved_data["deterministic"].toBool(),
+                o.softmax_scale, o.causal, o.deterministic,
                 optional(saved[7]), optional(saved[8]));
     return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};

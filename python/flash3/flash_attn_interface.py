@@ -46,6 +46,14 @@ def _not_supported(name, value):
     return NotImplementedError(f"flash3: {name}={shown} is not supported yet")
 
 
+def _refuse_given(*named):
+    """NotImplementedError for the first (name, value) given (not None): arguments flash3
+    does not take yet."""
+    for name, value in named:
+        if value is not None:
+            raise _not_supported(name, value)
+
+
 def _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale):
     """FlashAttention-3 arguments flash3 accepts only at their defaults. (pack_gqa and
     num_splits, speed hints that do not change the result, are accepted and ignored:
@@ -243,9 +251,7 @@ def flash_attn_varlen_func(
     if qv is not None or softcap != 0.0 or window_size != (-1, -1) or attention_chunk != 0 \
             or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
-    for name, value in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if value is not None:
-            raise _not_supported(name, value)
+    _refuse_given(("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     _refuse_other_dv(q, v)
     out, softmax_lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
                                       seqused_q, seqused_k, deterministic)
@@ -308,11 +314,9 @@ def flash_attn_with_kvcache(
     if qv is not None or softcap != 0.0 or tuple(window_size) != (-1, -1) or attention_chunk != 0 \
             or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
-    for name, value in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
-                        ("max_seqlen_q", max_seqlen_q),
-                        ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if value is not None:
-            raise _not_supported(name, value)
+    _refuse_given(("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
+                  ("max_seqlen_q", max_seqlen_q),
+                  ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     _refuse_other_dv(q, v_cache)
     if (k is None) != (v is None):
         raise ValueError("flash3: k and v (the new keys and values) go together")

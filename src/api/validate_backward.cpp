@@ -121,11 +121,7 @@ Status check_varlen(const Varlen& varlen) {
   if (varlen.max_seqlen_q < 1) {
     return invalid("varlen.max_seqlen_q = ", varlen.max_seqlen_q, " must be at least 1");
   }
-  const int64_t batch = varlen.batch;
-  for (const IndexArray& a : {IndexArray{"varlen.cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, true},
-                              IndexArray{"varlen.cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, true},
-                              IndexArray{"varlen.seqused_q", varlen.seqused_q, batch, false},
-                              IndexArray{"varlen.seqused_k", varlen.seqused_k, batch, false}}) {
+  for (const IndexArray& a : index_arrays_of(varlen)) {
     if (Status s = check_index_array(a); !s.ok()) {
       return s;
     }
@@ -258,12 +254,7 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
           : Span{reinterpret_cast<uintptr_t>(options.workspace),
                  reinterpret_cast<uintptr_t>(options.workspace) + layout.bytes};
   if (varlen != nullptr) {
-    const int64_t batch = varlen->batch;
-    for (const IndexArray& a :
-         {IndexArray{"varlen.cu_seqlens_q", varlen->cu_seqlens_q, batch + 1, true},
-          IndexArray{"varlen.cu_seqlens_k", varlen->cu_seqlens_k, batch + 1, true},
-          IndexArray{"varlen.seqused_q", varlen->seqused_q, batch, false},
-          IndexArray{"varlen.seqused_k", varlen->seqused_k, batch, false}}) {
+    for (const IndexArray& a : index_arrays_of(*varlen)) {
       for (const auto& [name, written] :
            {std::pair<const char*, Span>{"dq", span_of(dq)}, {"dk", span_of(dk)},
             {"dv", span_of(dv)}, {"options.workspace", workspace_span}}) {

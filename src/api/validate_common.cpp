@@ -357,6 +357,14 @@ Status check_index_array(const IndexArray& a) {
   return Status{};
 }
 
+std::array<IndexArray, 4> index_arrays_of(const Varlen& varlen) {
+  const int64_t batch = varlen.batch;
+  return {IndexArray{"varlen.cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, true},
+          IndexArray{"varlen.cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, true},
+          IndexArray{"varlen.seqused_q", varlen.seqused_q, batch, false},
+          IndexArray{"varlen.seqused_k", varlen.seqused_k, batch, false}};
+}
+
 Span span_of(const IndexArray& a) {
   const uint64_t lo = reinterpret_cast<uintptr_t>(a.data);
   return a.data == nullptr ? Span{} : Span{lo, lo + static_cast<uint64_t>(a.count) * sizeof(int)};

@@ -3,6 +3,7 @@
 // tests, and the pieces both forwards use. Pure host code, like validate.hpp.
 #pragma once
 
+#include <array>
 #include <initializer_list>
 
 #include <cstddef>
@@ -155,6 +156,9 @@ struct IndexArray {
 };
 // Null (an error where required) or 4-byte aligned.
 Status check_index_array(const IndexArray& a);
+// A varlen batch's offsets and counts (flash3.hpp: Varlen), as the forward
+// and the backward check them.
+std::array<IndexArray, 4> index_arrays_of(const Varlen& varlen);
 // Its bytes; empty when null.
 Span span_of(const IndexArray& a);
 

@@ -129,9 +129,9 @@ namespace {
 // and the workspace (varlen offsets, cache lengths): each apart from all
 // three, since a store into it mid-kernel could make the producer and the
 // consumers see different work (a hang).
-Status check_index_arrays(std::initializer_list<IndexArray> arrays, const Tensor& q,
-                          const Tensor& out, const float* softmax_lse,
-                          const ForwardOptions& options) {
+template <class Arrays>
+Status check_index_arrays(const Arrays& arrays, const Tensor& q, const Tensor& out,
+                          const float* softmax_lse, const ForwardOptions& options) {
   const Span written[] = {
       span_of(out), lse_span(q, softmax_lse),
       options.workspace == nullptr
@@ -172,12 +172,7 @@ Status validate_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v
     if (varlen.batch < 1) {
       return invalid("varlen.batch = ", varlen.batch, " must be at least 1");
     }
-    const int64_t batch = varlen.batch;
-    if (Status s = check_index_arrays({{"varlen.cu_seqlens_q", varlen.cu_seqlens_q, batch + 1, true},
-                                       {"varlen.cu_seqlens_k", varlen.cu_seqlens_k, batch + 1, true},
-                                       {"varlen.seqused_q", varlen.seqused_q, batch, false},
-                                       {"varlen.seqused_k", varlen.seqused_k, batch, false}},
-                                      q, out, softmax_lse, options);
+    if (Status s = check_index_arrays(index_arrays_of(varlen), q, out, softmax_lse, options);
         !s.ok()) {
       return s;
     }
@@ -212,7 +207,8 @@ Status validate_forward_kvcache(const Tensor& q, const Tensor& k_cache, const Te
       return s;
     }
     if (Status s = check_index_arrays(
-            {{"cache.cache_seqlens", cache.cache_seqlens, batch, true},
+            std::initializer_list<IndexArray>{
+             {"cache.cache_seqlens", cache.cache_seqlens, batch, true},
              {"cache.cache_batch_idx", cache.cache_batch_idx, batch, false},
              {"cache.page_table", cache.page_table, table_rows * cache.pages_per_batch, false},
              {"cache.cache_leftpad", cache.cache_leftpad, batch, false}},
