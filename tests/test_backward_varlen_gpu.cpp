@@ -317,6 +317,28 @@ TEST_F(BackwardVarlen, DeterministicIsBitwiseRepeatable) {
   }
 }
 
+// The offsets are read on the device: host memory is refused by name
+// before anything is launched (a kernel would fault on it).
+TEST_F(BackwardVarlen, HostOffsetsAreRefusedByName) {
+  const int total = 64, heads = 2, d = 64;
+  const size_t elems = static_cast<size_t>(total) * heads * d;
+  DeviceBuffer buffers[8] = {DeviceBuffer(elems * 2), DeviceBuffer(elems * 2),
+                             DeviceBuffer(elems * 2), DeviceBuffer(elems * 2),
+                             DeviceBuffer(elems * 2), DeviceBuffer(elems * 2),
+                             DeviceBuffer(elems * 2), DeviceBuffer(elems * 2)};
+  DeviceBuffer lse(static_cast<size_t>(heads) * total * 4);
+  const auto t = [&](int i) {
+    return Tensor::contiguous(buffers[i].get(), DType::kBFloat16, 1, total, heads, d);
+  };
+  const int host_cu[3] = {0, 30, total};
+  const Varlen varlen{host_cu, host_cu, 2, 34};
+  const Status s = flash3::backward_varlen(t(0), t(1), t(2), t(3), t(4),
+                                           static_cast<const float*>(lse.get()), t(5), t(6), t(7),
+                                           varlen);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_NE(s.message.find("varlen.cu_seqlens_q"), std::string::npos) << s.message;
+}
+
 // Small cases for compute-sanitizer: --gtest_filter='Sanitize*'.
 class SanitizeBackwardVarlen : public HopperTest {};
 

@@ -128,7 +128,8 @@ Status check_pointers(const char* call, const ForwardParams& p) {
                              {"varlen.seqused_k", p.seqused_k},
                              {"cache.cache_seqlens", p.cache_seqlens},
                              {"cache.cache_batch_idx", p.cache_batch_idx},
-                             {"cache.page_table", p.page_table}});
+                             {"cache.page_table", p.page_table},
+                             {"cache.cache_leftpad", p.cache_leftpad}});
 }
 
 Status check_pointers(const char* call, const BackwardParams& p) {
@@ -143,7 +144,11 @@ Status check_pointers(const char* call, const BackwardParams& p) {
                              {"dq.data", p.dq},
                              {"dk.data", p.dk},
                              {"dv.data", p.dv},
-                             {"options.workspace", p.workspace}});
+                             {"options.workspace", p.workspace},
+                             {"varlen.cu_seqlens_q", p.cu_seqlens_q},
+                             {"varlen.cu_seqlens_k", p.cu_seqlens_k},
+                             {"varlen.seqused_q", p.seqused_q},
+                             {"varlen.seqused_k", p.seqused_k}});
 }
 
 Status check_pointers(const char* call, const Fp8VLayoutParams& p) {
