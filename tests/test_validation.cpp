@@ -504,6 +504,13 @@ TEST(KvCacheAppend, ValidArgumentsReachTheDevice) {
 
 TEST(KvCacheAppend, RefusesBadArguments) {
   {
+    KvAppendProblem p;  // every tensor FP8: refused as unsupported, naming the first
+    for (Tensor* t : {&p.q, &p.k, &p.v, &p.append.k_new, &p.append.v_new}) {
+      t->dtype = DType::kFloat8E4M3;
+    }
+    expect_append_refused(p, Code::kUnsupported, "q.dtype is float8_e4m3");
+  }
+  {
     KvAppendProblem p;
     p.append.k_new.dtype = DType::kFloat16;
     expect_append_refused(p, Code::kInvalidArgument,

@@ -32,6 +32,10 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
       {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache},
       {"append.k_new", a.k_new}, {"append.v_new", a.v_new}};
   for (const auto& [name, t] : tensors) {
+    if (t.dtype == DType::kFloat8E4M3) {
+      return unsupported(name, ".dtype is float8_e4m3: appending to a KV cache has no FP8 path "
+                         "yet; use float16 or bfloat16");
+    }
     if (Status s = check_tensor(name, t, half_dtype); !s.ok()) {
       return s;
     }
