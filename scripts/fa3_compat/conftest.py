@@ -21,11 +21,22 @@ def pytest_pyfunc_call(pyfuncitem):
     return True
 
 
+# FA3's tests that hold tens of GiB each (the combine tests' partials, the race tests'
+# repeated outputs): run alone, after the shards.
+HEAVY = ("test_flash_attn_combine", "test_flash_attn_race_condition")
+
+
 def pytest_collection_modifyitems(config, items):
     """FLASH3_FA3_SHARD=k/n (scripts/fa3-tests --jobs n) keeps every n-th test from the
-    k-th, so that n processes share the GPU with their skips and slow cases interleaved."""
+    k-th but the HEAVY ones, so that n processes share the GPU with their skips and slow
+    cases interleaved; FLASH3_FA3_SHARD=heavy keeps only the HEAVY ones."""
     import os
     shard = os.environ.get("FLASH3_FA3_SHARD")
-    if shard:
+    if not shard:
+        return
+    heavy = [item for item in items if item.originalname in HEAVY]
+    if shard == "heavy":
+        items[:] = heavy
+    else:
         k, n = (int(x) for x in shard.split("/"))
-        items[:] = items[k::n]
+        items[:] = [item for item in items if item.originalname not in HEAVY][k::n]
