@@ -46,6 +46,7 @@ inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Ten
   args.causal = options.causal ? 1 : 0;
   args.workspace = options.workspace;
   args.workspace_bytes = options.workspace_bytes;
+  args.sinks = options.sinks;
   return args;
 }
 

@@ -102,6 +102,14 @@ const InvalidForwardCase kCases[] = {
      Code::kInvalidArgument, "out overlaps v"},
     {"MisalignedLse", [](HostProblem& p) { p.lse = static_cast<float*>(offset_bytes(p.lse, 1)); },
      Code::kInvalidArgument, "softmax_lse is not 4-byte aligned"},
+    {"MisalignedSinks",
+     [](HostProblem& p) { p.options.sinks = static_cast<const float*>(offset_bytes(p.k.data, 2)); },
+     Code::kInvalidArgument, "options.sinks is not 4-byte aligned"},
+    {"SinksOverlapOut",
+     [](HostProblem& p) { p.options.sinks = static_cast<const float*>(p.out.data); },
+     Code::kInvalidArgument, "options.sinks overlaps out"},
+    {"SinksOverlapLse", [](HostProblem& p) { p.options.sinks = p.lse; }, Code::kInvalidArgument,
+     "options.sinks overlaps softmax_lse"},
     {"NegativeScale", [](HostProblem& p) { p.options.softmax_scale = -1.0f; },
      Code::kInvalidArgument, "options.softmax_scale = -1"},
     {"NanScale",
@@ -142,6 +150,16 @@ TEST(ValidForward, IgnoresStridesOfSizeOneDimensions) {
   const Status s = p.call();
   EXPECT_FALSE(s.ok());  // no device here, or host pointers on a GPU machine
   EXPECT_EQ(s.message.find("stride"), std::string::npos) << s.message;
+  EXPECT_TRUE(p.untouched());
+}
+
+// Sinks read from an input's memory pass (inputs may alias each other).
+TEST(ValidForward, SinksApartFromTheOutputsPass) {
+  HostProblem p;
+  p.options.sinks = static_cast<const float*>(p.k.data);
+  const Status s = p.call();
+  EXPECT_TRUE(s.code == Code::kNoDevice || s.message.find("is not device memory") != std::string::npos)
+      << s.message;
   EXPECT_TRUE(p.untouched());
 }
 

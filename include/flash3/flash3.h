@@ -73,6 +73,9 @@ typedef struct flash3_forward_args {
    * split under graph capture). Zero-initialize the struct to leave it NULL. */
   void* workspace;
   size_t workspace_bytes; /* the size of workspace; ignored when it is NULL */
+  /* Learnable attention sinks (flash3.hpp: ForwardOptions::sinks): float32,
+   * heads_q values on the device, or NULL. */
+  const float* sinks;
 } flash3_forward_args;
 
 /* Exact attention forward, enqueued on `stream`. */

@@ -78,6 +78,14 @@ struct ForwardOptions {
   // unsplit under graph capture.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;  // the size of workspace; ignored when it is nullptr
+  // Learnable attention sinks (gpt-oss): float32, heads_q values on the
+  // device, or nullptr. Each row of query head h has one more logit,
+  // sinks[h], in its softmax: it takes probability but adds no value, so
+  // out is scaled by exp(lse - lse') and softmax_lse is lse' = log(exp(lse)
+  // + exp(sinks[h])) (a row that sees no key: zero out, lse' = sinks[h]).
+  // backward() then needs the same sinks' lse (softmax_lse of this call) and
+  // gives dq, dk and dv through it.
+  const float* sinks = nullptr;
 };
 
 // Exact attention forward: out = softmax(scale * q k^T [masked]) v, per head;

@@ -254,8 +254,23 @@ std::tuple<Tensor, Tensor> quantize_outputs(const Tensor& x, int64_t block_rows)
 }
 
 // ------------------------------------------------------------- the calls
+// Learnable sinks (ForwardOptions::sinks): a contiguous float32 (heads_q,)
+// tensor on q's device, or none.
+const float* sinks_of(const std::optional<Tensor>& sinks, const Tensor& q,
+                      const at::Device& device) {
+  if (!sinks.has_value()) {
+    return nullptr;
+  }
+  const Tensor& t = *sinks;
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == q.size(2) && t.is_contiguous(),
+                    "flash3: sinks must be a contiguous float32 tensor of heads_q = ", q.size(2),
+                    " values, got shape ", t.sizes());
+  return float_data(t, "sinks", device);
+}
+
 void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                  const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal) {
+                  const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal,
+                  const std::optional<Tensor>& sinks = std::nullopt) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   // In argument order (named locals: a call's arguments are evaluated in no set
@@ -263,7 +278,8 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
   float* lse = lse_of(softmax_lse, q, device);
-  const ForwardCall call(q, q_d, on, softmax_scale, causal);
+  ForwardCall call(q, q_d, on, softmax_scale, causal);
+  call.options.sinks = sinks_of(sinks, q, device);
   raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, call.options, on.stream));
 }
 
@@ -318,9 +334,10 @@ Fp8Descale descale_of(const Tensor& t, int64_t block_rows, const char* name, con
 // ------------------------------------------------------------- CUDA kernels
 std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                     std::optional<double> softmax_scale, bool causal,
-                                    bool /*deterministic: the backward's*/) {
+                                    bool /*deterministic: the backward's*/,
+                                    const std::optional<Tensor>& sinks) {
   auto [out, lse] = forward_outputs(q);
-  forward_into(q, k, v, out, lse, softmax_scale, causal);
+  forward_into(q, k, v, out, lse, softmax_scale, causal, sinks);
   return {out, lse};
 }
 
@@ -744,7 +761,8 @@ void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 // ------------------------------------------------------------- Meta kernels
 std::tuple<Tensor, Tensor> fwd_meta(const Tensor& q, const Tensor&, const Tensor&,
-                                    std::optional<double>, bool, bool) {
+                                    std::optional<double>, bool, bool,
+                                    const std::optional<Tensor>&) {
   return forward_outputs(q);
 }
 
@@ -803,12 +821,15 @@ class Attention : public torch::autograd::Function<Attention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
                                const Tensor& v, std::optional<double> softmax_scale, bool causal,
-                               bool deterministic) {
+                               bool deterministic, const std::optional<Tensor>& sinks) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd", "")
                          .typed<decltype(fwd_cuda)>();
-    auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic);
+    auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic, sinks);
+    // The lse includes the sinks, so bwd's dq, dk, dv are theirs too; the
+    // sinks' own gradient is not implemented yet.
+    ctx->saved_data["sinks_need_grad"] = sinks.has_value() && sinks->requires_grad();
     ctx->save_for_backward({q, k, v, out, lse});
     SavedOptions::save(ctx, softmax_scale, causal, deterministic);
     ctx->mark_non_differentiable({lse});
@@ -821,9 +842,12 @@ class Attention : public torch::autograd::Function<Attention> {
                          .typed<decltype(bwd_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
+    TORCH_CHECK_NOT_IMPLEMENTED(!ctx->saved_data["sinks_need_grad"].toBool(),
+                                "flash3: the gradient of sinks is not implemented yet (dq, dk "
+                                "and dv are: pass sinks that do not require grad)");
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                 o.softmax_scale, o.causal, o.deterministic);
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor()};
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -923,8 +947,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_autograd(const Tensor& q, const Tensor& k,
 
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                         std::optional<double> softmax_scale, bool causal,
-                                        bool deterministic) {
-  variable_list result = Attention::apply(q, k, v, softmax_scale, causal, deterministic);
+                                        bool deterministic, const std::optional<Tensor>& sinks) {
+  variable_list result = Attention::apply(q, k, v, softmax_scale, causal, deterministic, sinks);
   return {result[0], result[1]};
 }
 
@@ -932,7 +956,7 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const 
 
 TORCH_LIBRARY(flash3, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-        "bool deterministic=False) -> (Tensor out, Tensor softmax_lse)");
+        "bool deterministic=False, Tensor? sinks=None) -> (Tensor out, Tensor softmax_lse)");
   m.def("fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) softmax_lse, "
         "float? softmax_scale=None, bool causal=False) -> ()");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "

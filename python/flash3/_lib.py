@@ -46,6 +46,7 @@ class ForwardArgs(ctypes.Structure):
         ("causal", ctypes.c_int),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("sinks", ctypes.POINTER(ctypes.c_float)),
     ]
 
 

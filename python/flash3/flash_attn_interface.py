@@ -146,6 +146,7 @@ def flash_attn_func(
     deterministic=False,
     sm_margin=0,
     return_attn_probs=False,
+    sinks=None,
 ):
     """Exact attention: softmax(softmax_scale * q k^T [causal mask]) v, per head.
 
@@ -166,18 +167,26 @@ def flash_attn_func(
     Differentiable for float16/bfloat16: dq, dk, dv shaped and typed like q, k, v (GQA:
     dk, dv summed over the query heads of each kv head; rows that see no key contribute
     nothing). deterministic=True makes them bitwise identical from run to run.
+
+    sinks (flash3's, not FlashAttention-3's; float16/bfloat16 only): learnable attention
+    sinks as gpt-oss has them, a float32 (heads,) tensor: each row of head h has one more
+    logit, sinks[h], in its softmax, which takes probability but adds no value (softmax_lse
+    includes it). dq, dk, dv flow through it; the gradient of sinks itself is not
+    implemented yet.
     """
     if qv is not None or softcap != 0.0 or window_size != (-1, -1) or attention_chunk != 0 \
             or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, window_size, attention_chunk, softcap, num_splits, sm_margin, softmax_scale)
     _refuse_other_dv(q, v)
+    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn and sinks is not None:
+        raise _not_supported("sinks with float8_e4m3fn inputs", sinks)
     if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
         out, softmax_lse = ops.fwd_fp8(q, k, v, *_head_descales(q, k, q_descale, k_descale, v_descale),
                                        softmax_scale, causal, torch.bfloat16)
     else:
         if q_descale is not None or k_descale is not None or v_descale is not None:
             raise ValueError("flash3: q_descale, k_descale and v_descale are for float8_e4m3fn inputs only")
-        out, softmax_lse = ops.fwd(q, k, v, softmax_scale, causal, deterministic)
+        out, softmax_lse = ops.fwd(q, k, v, softmax_scale, causal, deterministic, sinks)
     return (out, softmax_lse) if return_attn_probs else out
 
 

@@ -579,3 +579,38 @@ def test_combine_edge_cases():
         ops.combine(torch.randn(1, 1, 1, 1, 2048, device="cuda"), torch.randn(1, 1, 1, 1, device="cuda"))
     with pytest.raises(ValueError, match="out_partial is on the CPU"):
         ops.combine(good.cpu(), torch.randn(2, 1, 4, 2))
+
+
+def _attention_with_sinks(q, k, v, sinks, causal):
+    # float32 attention with gpt-oss's sinks: one more logit per row, no value.
+    group = q.shape[2] // k.shape[2]
+    k, v = (x.float().repeat_interleave(group, dim=2) for x in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) / q.shape[-1] ** 0.5
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        hidden = torch.ones(sq, sk, dtype=torch.bool, device=q.device).triu(sk - sq + 1)
+        scores = scores.masked_fill(hidden, float("-inf"))
+    sink = sinks.float().view(1, -1, 1, 1).expand(scores.shape[0], -1, scores.shape[2], 1)
+    logits = torch.cat([scores, sink], dim=-1)
+    probs = torch.softmax(logits, dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v), torch.logsumexp(logits, dim=-1)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_sinks_match_a_float32_attention(causal):
+    q, k, v = qkv(seqlen_q=300, seqlen_k=211, requires_grad=True)
+    sinks = torch.randn(q.shape[2], device="cuda") * 2
+    out, lse = fai.flash_attn_func(q, k, v, causal=causal, sinks=sinks, return_attn_probs=True)
+    want, want_lse = _attention_with_sinks(q, k, v, sinks, causal)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = torch.autograd.grad(want, (q, k, v), g.float())
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
+    trained = sinks.clone().requires_grad_()
+    out = fai.flash_attn_func(q, k, v, causal=causal, sinks=trained)
+    with pytest.raises(NotImplementedError, match="the gradient of sinks is not implemented yet"):
+        out.sum().backward()

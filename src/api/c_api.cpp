@@ -44,6 +44,13 @@ flash3::Fp8Descale to_cpp(const flash3_fp8_descale& d) {
   return r;
 }
 
+// Sinks: flash3_forward_args has them, the FP8 forward's args not yet.
+const float* sinks_of(const flash3_forward_args& args) { return args.sinks; }
+template <class Args>
+const float* sinks_of(const Args&) {
+  return nullptr;
+}
+
 // Either forward's args (flash3_forward_args, flash3_forward_fp8_args).
 template <class Args>
 flash3::ForwardOptions forward_options(const Args& args) {
@@ -52,6 +59,7 @@ flash3::ForwardOptions forward_options(const Args& args) {
   options.softmax_scale = args.softmax_scale;
   options.workspace = args.workspace;
   options.workspace_bytes = args.workspace_bytes;
+  options.sinks = sinks_of(args);
   return options;
 }
 

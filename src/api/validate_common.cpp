@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <string>
 
 namespace flash3::detail {
@@ -275,9 +276,34 @@ Status check_out_and_heads(const Tensor& q, const Tensor& k, const Tensor& out) 
   return check_heads(q, k);
 }
 
-Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options) {
+Span sinks_span(const Tensor& q, const ForwardOptions& options) {
+  Span span;
+  if (options.sinks != nullptr) {
+    float_span(options.sinks, static_cast<uint64_t>(q.shape[2]), &span);
+  }
+  return span;
+}
+
+Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options,
+                             const Span& out_span) {
   if (softmax_lse != nullptr && reinterpret_cast<uintptr_t>(softmax_lse) % alignof(float) != 0) {
     return invalid("softmax_lse is not 4-byte aligned");
+  }
+  if (options.sinks != nullptr) {
+    if (reinterpret_cast<uintptr_t>(options.sinks) % alignof(float) != 0) {
+      return invalid("options.sinks is not 4-byte aligned");
+    }
+    Span sinks;
+    if (!float_span(options.sinks, static_cast<uint64_t>(q.shape[2]), &sinks)) {
+      return invalid("options.sinks: its heads_q floats address past the end of the address space");
+    }
+    for (const auto& [name, written] : {std::pair<const char*, Span>{"out", out_span},
+                                        {"softmax_lse", lse_span(q, softmax_lse)}}) {
+      if (intersect(sinks, written)) {
+        return invalid("options.sinks overlaps ", name,
+                       "; the call writes there while it reads the sinks");
+      }
+    }
   }
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;
@@ -345,6 +371,7 @@ void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor&
   p->causal = options.causal;
   p->workspace = options.workspace;
   p->workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
+  p->sinks = options.sinks;
 }
 
 Status check_index_array(const IndexArray& a) {

@@ -143,7 +143,11 @@ Status check_heads(const Tensor& q, const Tensor& k);
 Status check_out_and_heads(const Tensor& q, const Tensor& k, const Tensor& out);
 
 // softmax_lse (optional) aligned, the scale, the number of lse rows.
-Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options);
+// (and options.sinks: aligned, apart from out_span and softmax_lse)
+Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options,
+                             const Span& out_span);
+// The bytes of options.sinks (heads_q floats of q's), empty when null.
+Span sinks_span(const Tensor& q, const ForwardOptions& options);
 
 // An int32 device array a call reads or writes (varlen offsets, cache
 // lengths, page tables): `count` entries at data, which may be null unless

@@ -78,12 +78,13 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
       return invalid("out overlaps ", name, " in memory; the output must not alias an input");
     }
   }
-  if (Status s = check_lse_and_options(q, softmax_lse, options); !s.ok()) {
+  if (Status s = check_lse_and_options(q, softmax_lse, options, span_of(out)); !s.ok()) {
     return s;
   }
   if (Status s = check_forward_workspace(
           options, {{"q", span_of(q)}, {"k", span_of(k)}, {"v", span_of(v)}, {"out", span_of(out)},
-                    {"softmax_lse", lse_span(q, softmax_lse)}});
+                    {"softmax_lse", lse_span(q, softmax_lse)},
+                    {"options.sinks", sinks_span(q, options)}});
       !s.ok()) {
     return s;
   }

@@ -204,12 +204,13 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
       return invalid("out overlaps ", name, " in memory; the output must not alias an input");
     }
   }
-  if (Status s = check_lse_and_options(q, softmax_lse, options); !s.ok()) {
+  if (Status s = check_lse_and_options(q, softmax_lse, options, out_span); !s.ok()) {
     return s;
   }
   if (Status s = check_forward_workspace(
           options, {{"q", span_of(q)}, {"k", span_of(k)}, {"v", v_span}, {"out", out_span},
-                    {"softmax_lse", lse_span(q, softmax_lse)}, {"descales.q", q_scales},
+                    {"softmax_lse", lse_span(q, softmax_lse)},
+                    {"options.sinks", sinks_span(q, options)}, {"descales.q", q_scales},
                     {"descales.k", k_scales}, {"descales.v", v_scales}});
       !s.ok()) {
     return s;

@@ -121,6 +121,7 @@ struct ForwardParams : DeviceFields, AttentionProblem, VarlenFields {
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;
+  const float* sinks = nullptr;  // heads_q, device, or null (ForwardOptions::sinks)
   float* softmax_lse = nullptr;  // contiguous (batch, heads_q, seqlen_q), or null
 
   DType dtype = DType::kBFloat16;      // of q, k, v

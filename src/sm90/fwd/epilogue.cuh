@@ -74,6 +74,9 @@ struct Epilogue {
         fold_partials(args, warpgroup, work.partners, o, inv_sum, lse);
       }
     }
+    if (args.sinks != nullptr) {
+      add_sink(__ldg(args.sinks + tile.head), inv_sum, lse);
+    }
     const FragmentCoord c = FragmentCoord::current();
     const int tile_row0 = warpgroup * kMmaM + c.warp * 16 + c.row;  // row in the CTA tile
     if constexpr (T::kOStore == OStore::kDirect) {
@@ -109,6 +112,24 @@ struct Epilogue {
           smem.q_empty.arrive();
         }
       }
+    }
+  }
+
+  // A learnable sink (ForwardOptions::sinks) in a row's softmax, once its
+  // keys are all folded: lse' = log(exp(lse) + exp(sink)), O scaled by
+  // exp(lse - lse'); a row that saw no key keeps O = 0 and gets lse' = sink.
+  template <int kRows>
+  __device__ static void add_sink(float sink, float (&inv_sum)[kRows], float (&lse)[kRows]) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (lse[r] == INFINITY) {
+        lse[r] = sink;
+        continue;
+      }
+      const float m = fmaxf(lse[r], sink);
+      const float with_sink = m + __logf(__expf(lse[r] - m) + __expf(sink - m));
+      inv_sum[r] *= __expf(lse[r] - with_sink);
+      lse[r] = with_sink;
     }
   }
 

@@ -25,6 +25,7 @@ struct KernelArgs {
   void* out;      // for the direct O store: (batch, seqlen_q, heads_q, headdim), strided
   int64_t out_batch_stride, out_seq_stride, out_head_stride;  // elements
   float* lse;     // (batch, heads_q, seqlen_q) or null
+  const float* sinks;  // heads_q, or null (ForwardOptions::sinks; Epilogue::add_sinks)
   int seqlen_q;
   int seqlen_k;
   int heads_q;

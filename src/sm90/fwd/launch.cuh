@@ -149,6 +149,7 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.out_seq_stride = p.out_stride.seq;
   args.out_head_stride = p.out_stride.head;
   args.lse = p.softmax_lse;
+  args.sinks = p.sinks;
   args.seqlen_q = p.seqlen_q;
   args.seqlen_k = p.seqlen_k;
   args.heads_q = p.heads_q;
