@@ -50,6 +50,8 @@ flash3_backward_args to_c_args(const Tensor& dout, const Tensor& q, const Tensor
   args.softmax_scale = options.softmax_scale;
   args.causal = options.causal ? 1 : 0;
   args.deterministic = options.deterministic ? 1 : 0;
+  args.sinks = options.sinks;
+  args.dsinks = options.dsinks;
   return args;
 }
 
@@ -151,6 +153,28 @@ float* floats_at(void* base, size_t bytes) { return static_cast<float*>(offset_b
 using InvalidBackwardCase = InvalidCase<P>;
 
 const InvalidBackwardCase kCases[] = {
+    // Sinks and their gradient (free room past softmax_lse in its buffer).
+    {"DsinksWithoutSinks",
+     [](P& p) { p.options.dsinks = floats_at(p.lse_buffer.data(), 4096); },
+     Code::kInvalidArgument, "options.dsinks is given without options.sinks"},
+    {"MisalignedSinks",
+     [](P& p) {
+       p.options.sinks = static_cast<const float*>(offset_bytes(p.lse_buffer.data(), 4098));
+       p.options.dsinks = floats_at(p.lse_buffer.data(), 8192);
+     },
+     Code::kInvalidArgument, "options.sinks is not 4-byte aligned"},
+    {"DsinksOverlapDq",
+     [](P& p) {
+       p.options.sinks = floats_at(p.lse_buffer.data(), 4096);
+       p.options.dsinks = static_cast<float*>(p.dq.data);
+     },
+     Code::kInvalidArgument, "options.dsinks overlaps dq"},
+    {"DsinksOverlapSinks",
+     [](P& p) {
+       p.options.sinks = floats_at(p.lse_buffer.data(), 4096);
+       p.options.dsinks = floats_at(p.lse_buffer.data(), 4096);
+     },
+     Code::kInvalidArgument, "options.dsinks overlaps options.sinks"},
     // Each tensor on its own.
     {"NullDout", [](P& p) { p.dout.data = nullptr; }, Code::kInvalidArgument,
      "flash3::backward: dout.data is null"},
@@ -420,6 +444,13 @@ INSTANTIATE_TEST_SUITE_P(
           size_t bytes = 0;
           ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.options, &bytes).ok());
           p.options.workspace_bytes = bytes;
+        },
+        [](P& p) {  // sinks and their gradient, the workspace of their size
+          p.options.sinks = floats_at(p.lse_buffer.data(), 4096);
+          p.options.dsinks = floats_at(p.lse_buffer.data(), 8192);
+          size_t bytes = 0;
+          ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.options, &bytes).ok());
+          p.options.workspace_bytes = bytes;
         }));
 
 TEST(BackwardCAbi, NullArgsAreRefused) {
@@ -648,6 +679,18 @@ TEST_P(InvalidBackwardWorkspaceSize, IsRefusedThroughTheCAbi) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, InvalidBackwardWorkspaceSize,
                          ::testing::ValuesIn(kWorkspaceSizeCases), CaseName{});
+
+// dsinks: one float per (batch, head, query block) more, rounded to the alignment.
+TEST(BackwardWorkspaceSize, HoldsTheSinksPartialSumsWithDsinks) {
+  P p;
+  size_t without = 0, with = 0;
+  ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.options, &without).ok());
+  p.options.sinks = floats_at(p.lse_buffer.data(), 4096);
+  p.options.dsinks = floats_at(p.lse_buffer.data(), 8192);
+  ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.options, &with).ok());
+  EXPECT_GE(with, without + P::kBatch * P::kHeadsQ * sizeof(float));
+  EXPECT_LE(with, without + P::kBatch * P::kHeadsQ * sizeof(float) + kWorkspaceAlign);
+}
 
 TEST(BackwardWorkspaceSize, NullBytesIsRefused) {
   P p;

@@ -1,7 +1,8 @@
 // Learnable attention sinks (ForwardOptions::sinks) against the float64
 // reference (ref::Variant::sinks) under the tolerance rule: forward out and
-// lse, and the backward's dq, dk, dv through the sinks' lse; every head dim,
-// causal (rows that see no key) and not, GQA, the split decode path.
+// lse, and the backward's dq, dk, dv through the sinks' lse and dsinks
+// (BackwardOptions::dsinks); every head dim, causal (rows that see no key)
+// and not, GQA, the split decode path.
 #include <cmath>
 #include <random>
 #include <string>
@@ -45,7 +46,7 @@ void expect_sinks_match_reference(const SinksCase& c) {
   DeviceBuffer d_q(s.q_size() * 2), d_k(s.kv_size() * 2), d_v(s.kv_size() * 2),
       d_out(s.q_size() * 2), d_dout(s.q_size() * 2), d_lse(s.lse_size() * 4),
       d_sinks(variant.sinks.size() * 4), d_dq(s.q_size() * 2), d_dk(s.kv_size() * 2),
-      d_dv(s.kv_size() * 2);
+      d_dv(s.kv_size() * 2), d_dsinks(variant.sinks.size() * 4);
   upload_halves(d_q.get(), type, q, "q");
   upload_halves(d_k.get(), type, k, "k");
   upload_halves(d_v.get(), type, v, "v");
@@ -83,8 +84,11 @@ void expect_sinks_match_reference(const SinksCase& c) {
     check_cuda(cudaMemset(g->get(), 0xFF, g == &d_dq ? s.q_size() * 2 : s.kv_size() * 2),
                "poison the gradients");
   }
+  check_cuda(cudaMemset(d_dsinks.get(), 0xFF, variant.sinks.size() * 4), "poison dsinks");
   BackwardOptions bwd;
   bwd.causal = c.causal;
+  bwd.sinks = static_cast<const float*>(d_sinks.get());
+  bwd.dsinks = static_cast<float*>(d_dsinks.get());
   st = flash3::backward(q_tensor(d_dout.get()), q_tensor(d_q.get()), k_tensor(d_k.get()),
                         k_tensor(d_v.get()), q_tensor(d_out.get()),
                         static_cast<const float*>(d_lse.get()), q_tensor(d_dq.get()),
@@ -108,6 +112,13 @@ void expect_sinks_match_reference(const SinksCase& c) {
     const ref::Verdict verdict = ref::check_gradient(name, got, p, w);
     EXPECT_TRUE(verdict.ok) << verdict.message;
   }
+  // dsinks: fp32 sums over every row of a head, against the float64 one.
+  std::vector<float> dsinks(variant.sinks.size());
+  check_cuda(cudaMemcpy(dsinks.data(), d_dsinks.get(), dsinks.size() * 4, cudaMemcpyDeviceToHost),
+             "dsinks");
+  const ref::Verdict dsinks_verdict =
+      ref::check_gradient("dsinks", dsinks, plain_grads.dsinks, grads.dsinks);
+  EXPECT_TRUE(dsinks_verdict.ok) << dsinks_verdict.message;
 }
 
 class ForwardSinks : public HopperTest {};

@@ -173,6 +173,10 @@ typedef struct flash3_backward_args {
   float softmax_scale; /* as in the forward: 0 means 1/sqrt(headdim) */
   int causal;          /* as in the forward */
   int deterministic;   /* nonzero: dq, dk, dv bitwise identical from run to run */
+  /* Optional (flash3.hpp: BackwardOptions): the forward's sinks and, to
+   * receive their gradient, dsinks (float32, heads_q each, device). */
+  const float* sinks;
+  float* dsinks;
 } flash3_backward_args;
 
 /* Gradients dq, dk, dv of flash3_forward, enqueued on `stream`. GQA: dk and dv

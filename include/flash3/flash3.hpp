@@ -231,6 +231,12 @@ struct BackwardOptions {
   // a CUDA graph.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;  // the size of workspace; ignored when it is nullptr
+  // The forward's sinks (ForwardOptions::sinks) and, to receive their
+  // gradient, dsinks: float32, heads_q values on the device, written (not
+  // added to), the same from run to run. dq, dk and dv need neither (the
+  // forward's softmax_lse holds the sinks); dsinks needs sinks.
+  const float* sinks = nullptr;
+  float* dsinks = nullptr;
 };
 
 // Gradients of forward(): given dout (shaped like out) and the forward's q,
@@ -245,9 +251,10 @@ Status backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
 
 // The workspace backward() needs for q and k of these shapes, in *bytes (q
 // and k validated as backward() validates them; of the options only
-// deterministic counts). Pure host code: needs no GPU. An fp32 dQ
-// accumulator, two fp32 row statistics, fp32 dK/dV accumulators with GQA,
-// and semaphores when deterministic: O(seqlen * headdim), never O(seqlen^2).
+// deterministic and whether dsinks is given count). Pure host code: needs no
+// GPU. An fp32 dQ accumulator, two fp32 row statistics, fp32 dK/dV
+// accumulators with GQA, semaphores when deterministic, one float per query
+// block with dsinks: O(seqlen * headdim), never O(seqlen^2).
 Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
                                size_t* bytes);
 

@@ -125,6 +125,8 @@ class BackwardArgs(ctypes.Structure):
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int),
         ("deterministic", ctypes.c_int),
+        ("sinks", ctypes.POINTER(ctypes.c_float)),
+        ("dsinks", ctypes.POINTER(ctypes.c_float)),
     ]
 
 

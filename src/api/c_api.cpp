@@ -67,6 +67,8 @@ flash3::BackwardOptions backward_options(const flash3_backward_args& args) {
   flash3::BackwardOptions options;
   options.causal = args.causal != 0;
   options.softmax_scale = args.softmax_scale;
+  options.sinks = args.sinks;
+  options.dsinks = args.dsinks;
   options.deterministic = args.deterministic != 0;
   options.workspace = args.workspace;
   options.workspace_bytes = args.workspace_bytes;

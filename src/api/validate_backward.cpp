@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "sm90/bwd/workspace.hpp"
@@ -68,7 +69,7 @@ Status check_q_and_k(const Tensor& q, const Tensor& k) {
 // Varlen (varlen_batch sequences): each sequence's rows padded apart
 // (workspace.hpp).
 Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
-                        WorkspaceLayout* layout, int varlen_batch = 0) {
+                        WorkspaceLayout* layout, int varlen_batch = 0, bool dsinks = false) {
   using u128 = unsigned __int128;
   const int headdim = static_cast<int>(q.shape[3]);
   const int64_t block_m = sm90::bwd::block_m(headdim);
@@ -96,6 +97,7 @@ Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
                       rows_k * static_cast<u128>(2 * headdim + 1)) *
                          sizeof(float) +
                      static_cast<u128>(padding + 1) * sizeof(int32_t) +
+                     rows_q * sizeof(float) +  // a bound of the sinks' partial sums
                      8 * WorkspaceLayout::kAlign;
   if (bound > kMaxWorkspaceBytes) {
     return invalid("the backward's workspace for these shapes (about ",
@@ -104,7 +106,7 @@ Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
   *layout = WorkspaceLayout::of(static_cast<int>(q.shape[0]), static_cast<int>(q.shape[1]),
                                 static_cast<int>(k.shape[1]), static_cast<int>(q.shape[2]),
                                 static_cast<int>(k.shape[2]), headdim, deterministic,
-                                varlen_batch);
+                                varlen_batch, dsinks);
   return Status{};
 }
 
@@ -212,9 +214,28 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   }
   WorkspaceLayout layout;
   if (Status s = workspace_layout(q, k, options.deterministic, &layout,
-                                  varlen != nullptr ? varlen->batch : 0);
+                                  varlen != nullptr ? varlen->batch : 0,
+                                  options.dsinks != nullptr);
       !s.ok()) {
     return s;
+  }
+  // The sinks (read) and their gradient (written): heads_q floats each.
+  Span sinks_span, dsinks_span;
+  if (options.dsinks != nullptr && options.sinks == nullptr) {
+    return invalid("options.dsinks is given without options.sinks");
+  }
+  for (const auto& [name, ptr, span] :
+       {std::tuple<const char*, const float*, Span*>{"options.sinks", options.sinks, &sinks_span},
+        {"options.dsinks", options.dsinks, &dsinks_span}}) {
+    if (ptr == nullptr) {
+      continue;
+    }
+    if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0) {
+      return invalid(name, " is not 4-byte aligned");
+    }
+    if (!float_span(ptr, static_cast<uint64_t>(q.shape[2]), span)) {
+      return invalid(name, ": its heads_q floats address past the end of the address space");
+    }
   }
 
   // The gradients: none aliases itself, another or an input.
@@ -236,7 +257,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
     const char* name;
     Span span;
   } inputs[] = {{"dout", span_of(dout)}, {"q", span_of(q)},     {"k", span_of(k)},
-                {"v", span_of(v)},       {"out", span_of(out)}, {"softmax_lse", lse_span}};
+                {"v", span_of(v)},       {"out", span_of(out)}, {"softmax_lse", lse_span},
+                {"options.sinks", sinks_span}};
   for (const auto& [grad, t] : grads) {
     const Span grad_span = span_of(t);
     for (const auto& [name, span] : inputs) {
@@ -244,6 +266,18 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
         return invalid(grad, " overlaps ", name,
                        " in memory; a gradient must not alias an input");
       }
+    }
+  }
+  for (const auto& [name, span] : inputs) {
+    if (intersect(dsinks_span, span)) {
+      return invalid("options.dsinks overlaps ", name,
+                     " in memory; a gradient must not alias an input");
+    }
+  }
+  for (const auto& [grad, t] : grads) {
+    if (intersect(dsinks_span, span_of(t))) {
+      return invalid("options.dsinks overlaps ", grad,
+                     "; the gradients must not alias each other");
     }
   }
   // Varlen: the offsets and counts, which every kernel reads, apart from what
@@ -276,7 +310,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
             options.workspace, layout.bytes, WorkspaceLayout::kAlign,
             {{"dout", span_of(dout)}, {"q", span_of(q)}, {"k", span_of(k)}, {"v", span_of(v)},
              {"out", span_of(out)}, {"dq", span_of(dq)}, {"dk", span_of(dk)}, {"dv", span_of(dv)},
-             {"softmax_lse", lse_span}});
+             {"softmax_lse", lse_span}, {"options.sinks", sinks_span},
+             {"options.dsinks", dsinks_span}});
         !s.ok()) {
       return s;
     }
@@ -312,6 +347,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   p.softmax_scale = resolve_softmax_scale(options.softmax_scale, p.headdim);
   p.causal = options.causal;
   p.deterministic = options.deterministic;
+  p.sinks = options.dsinks != nullptr ? options.sinks : nullptr;
+  p.dsinks = options.dsinks;
   if (varlen != nullptr) {
     p.cu_seqlens_q = varlen->cu_seqlens_q;
     p.cu_seqlens_k = varlen->cu_seqlens_k;
@@ -353,7 +390,8 @@ Status check_backward_workspace_size(const Tensor& q, const Tensor& k, const Var
   }
   WorkspaceLayout layout;
   if (Status s = workspace_layout(q, k, options.deterministic, &layout,
-                                  varlen != nullptr ? varlen->batch : 0);
+                                  varlen != nullptr ? varlen->batch : 0,
+                                  options.dsinks != nullptr);
       !s.ok()) {
     return s;
   }

@@ -170,6 +170,8 @@ struct BackwardParams : DeviceFields, AttentionProblem, VarlenFields {
   Strides3 dout_stride, q_stride, k_stride, v_stride, out_stride, dq_stride, dk_stride, dv_stride;
 
   bool deterministic = false;
+  const float* sinks = nullptr;  // with dsinks: BackwardOptions::sinks / dsinks
+  float* dsinks = nullptr;
 };
 
 struct QuantizeParams : DeviceFields {

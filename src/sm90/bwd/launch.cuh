@@ -127,9 +127,10 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
 template <DType kDType, int kHeadDim>
 Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   using T = sm90::bwd::Traits<kDType, kHeadDim>;
+  const bool dsinks = p.dsinks != nullptr;
   const auto w = sm90::bwd::WorkspaceLayout::of(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q,
                                                 p.heads_k, p.headdim, p.deterministic,
-                                                p.varlen_batch);
+                                                p.varlen_batch, dsinks);
   const int row_batches = p.varlen_batch > 0 ? p.varlen_batch : p.batch;
   if (w.padded_seqlen_q > INT_MAX || row_batches > 65535 || p.heads_q > 65535) {
     return {StatusCode::kInvalidArgument,
@@ -150,8 +151,11 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
     }
   }
   if (err == cudaSuccess && p.deterministic) {
-    const size_t end = p.varlen_batch > 0 ? w.key_prefix : w.bytes;
+    const size_t end = p.varlen_batch > 0 ? w.key_prefix : dsinks ? w.sink_partials : w.bytes;
     err = cudaMemsetAsync(ws + w.dq_semaphore, 0, end - w.dq_semaphore, stream);
+  }
+  if (err == cudaSuccess && dsinks) {  // the gaps between varlen sequences' blocks stay 0
+    err = cudaMemsetAsync(ws + w.sink_partials, 0, w.bytes - w.sink_partials, stream);
   }
   if (err != cudaSuccess) {
     return bwd_launch::cuda_failure(p, "zeroing the workspace", err);
@@ -178,10 +182,18 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
   pre.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   pre.varlen = varlen;
+  pre.sinks = p.sinks;
+  pre.sink_partials = dsinks ? reinterpret_cast<float*>(ws + w.sink_partials) : nullptr;
   pre.seqlen_q = p.seqlen_q;
   pre.heads_q = p.heads_q;
   pre.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
   sm90::bwd::prepass_kernel<T><<<row_blocks, sm90::bwd::kPrepassThreads, 0, stream>>>(pre);
+  if (dsinks) {
+    const sm90::bwd::SinksReduceArgs reduce{pre.sink_partials, p.dsinks, p.batch, p.heads_q,
+                                            w.num_m_blocks};
+    sm90::bwd::sinks_reduce_kernel<T><<<p.heads_q, sm90::bwd::kSinksReduceThreads, 0, stream>>>(
+        reduce);
+  }
 
   Status s = Status{};
   if (p.varlen_batch > 0) {

@@ -23,6 +23,8 @@ struct PrepassArgs {
   float* dpsum;
   float* dq_accum;
   VarlenSequences varlen;  // batch 0: dense
+  const float* sinks;      // with sink_partials: heads_q
+  float* sink_partials;    // or null: per query block of the per-row regions (workspace.hpp)
   int seqlen_q;
   int heads_q;
   int padded_seqlen_q;
@@ -42,6 +44,9 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassA
                                  args.seqlen_q, args.padded_seqlen_q, T::kBlockM);
   const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
   const int m_blocks = (q.length + T::kBlockM - 1) / T::kBlockM;
+  // The sinks' gradient: each row's -exp(sink - lse) D, summed per block in order.
+  __shared__ float sink_share[T::kBlockM];
+  const float sink = args.sink_partials != nullptr ? args.sinks[head] : 0.0f;
   for (int m_block = static_cast<int>(blockIdx.x); m_block < m_blocks;
        m_block += static_cast<int>(gridDim.x)) {
     for (int r = static_cast<int>(threadIdx.x) / kThreadsPerRow; r < T::kBlockM;
@@ -74,13 +79,65 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassA
         }
         args.lse_log2[q.ws_row0 + row] = lse_log2;
         args.dpsum[q.ws_row0 + row] = sum;
+        if (args.sink_partials != nullptr) {
+          sink_share[r] = row < q.length ? -expf(sink - args.lse[q.lse_row0 + row]) * sum : 0.0f;
+        }
       }
+    }
+    if (args.sink_partials != nullptr) {
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int r = 0; r < T::kBlockM; ++r) {
+          total += sink_share[r];
+        }
+        args.sink_partials[q.ws_row0 / T::kBlockM + m_block] = total;
+      }
+      __syncthreads();  // sink_share is free for the next block
     }
     float4* dq =
         reinterpret_cast<float4*>(args.dq_accum + (q.ws_row0 + m_block * T::kBlockM) * T::kHeadDim);
     for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4; i += kPrepassThreads) {
       dq[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+  }
+}
+
+// dsinks[h] from the pre-pass's partial sums: per head (a block), its
+// batches' query blocks, in a fixed order (the same bits every run).
+struct SinksReduceArgs {
+  const float* sink_partials;  // (batch, heads_q, num_m_blocks)
+  float* dsinks;               // heads_q
+  int batch;
+  int heads_q;
+  int num_m_blocks;
+};
+
+inline constexpr int kSinksReduceThreads = 256;
+
+// (A template of the traits, as the other passes: one kernel per
+// instantiation file rather than one symbol defined in each.)
+template <class T>
+__global__ void __launch_bounds__(kSinksReduceThreads)
+    sinks_reduce_kernel(const SinksReduceArgs args) {
+  __shared__ float partial[kSinksReduceThreads];
+  const int head = static_cast<int>(blockIdx.x);
+  const int64_t count = static_cast<int64_t>(args.batch) * args.num_m_blocks;
+  float total = 0.0f;
+  for (int64_t i = threadIdx.x; i < count; i += kSinksReduceThreads) {
+    const int64_t b = i / args.num_m_blocks, m = i % args.num_m_blocks;
+    total += args.sink_partials[(b * args.heads_q + head) * args.num_m_blocks + m];
+  }
+  partial[threadIdx.x] = total;
+  __syncthreads();
+  for (int half = kSinksReduceThreads / 2; half > 0; half /= 2) {
+    if (static_cast<int>(threadIdx.x) < half) {
+      partial[threadIdx.x] += partial[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    args.dsinks[head] = partial[0];
   }
 }
 

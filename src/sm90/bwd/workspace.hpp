@@ -27,7 +27,10 @@ constexpr int block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
 //  - dq_semaphore (deterministic only): int32 per (batch, head_q, query block),
 //    dkv_semaphore (deterministic GQA only): int32 per (batch, head_k, key block).
 //  - key_prefix (varlen only): the sequences' key-block prefix sums
-//    (varlen.hpp: block_prefix), which place the main kernel's CTAs.
+//    (varlen.hpp: block_prefix), which place the main kernel's CTAs;
+//  - sink_partials (with dsinks only): per query block of the per-row
+//    regions, its rows' share of dsinks (the pre-pass writes them, zero in
+//    the gaps; a reduction sums each head's in order).
 // A varlen batch is batch 1 of total_q query rows, whose per-row regions
 // hold each head's sequences apart: sequence b's rows start at
 // round_down(begin_b + b * block_m, block_m), so every sequence keeps its
@@ -66,15 +69,18 @@ struct WorkspaceLayout {
   int num_m_blocks = 0, num_n_blocks = 0;
   int64_t padded_seqlen_q = 0;  // num_m_blocks * block_m
   size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0;
-  size_t dq_semaphore = 0, dkv_semaphore = 0, key_prefix = 0;
+  size_t dq_semaphore = 0, dkv_semaphore = 0, key_prefix = 0, sink_partials = 0;
   size_t bytes = 0;  // the whole workspace
   bool gqa = false;
 
   static constexpr size_t kAlign = 256;
 
   // Varlen (varlen_batch sequences): batch 1, seqlen_q and seqlen_k the totals.
+  // sinks: room for the sinks' gradient's partial sums (one per query block
+  // of the per-row regions: sink_partials, batch x heads_q x num_m_blocks floats).
   static WorkspaceLayout of(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_k,
-                            int headdim, bool deterministic, int varlen_batch = 0) {
+                            int headdim, bool deterministic, int varlen_batch = 0,
+                            bool sinks = false) {
     WorkspaceLayout w;
     w.block_m = bwd::block_m(headdim);
     w.block_n = bwd::block_n(headdim);
@@ -114,6 +120,10 @@ struct WorkspaceLayout {
     }
     if (varlen_batch > 0) {
       w.key_prefix = take((static_cast<size_t>(varlen_batch) + 1) * sizeof(int32_t));
+    }
+    if (sinks) {
+      w.sink_partials =
+          take(static_cast<size_t>(batch) * heads_q * w.num_m_blocks * sizeof(float));
     }
     w.bytes = at;
     return w;
