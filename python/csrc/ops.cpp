@@ -301,12 +301,18 @@ bool tma_readable(const Tensor& t) {
 void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v,
                    const Tensor& out, const Tensor& softmax_lse,
                    std::optional<double> softmax_scale, bool causal, bool deterministic,
-                   const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+                   const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                   const std::optional<Tensor>& sinks = std::nullopt,
+                   const Tensor& dsinks = Tensor()) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   check_tensor(dout_in, "dout", device);
   const Tensor dout = tma_readable(dout_in) ? dout_in : dout_in.contiguous();
   BackwardCall call(softmax_scale, causal, deterministic);
+  if (dsinks.defined()) {  // the sinks' gradient too (bwd_sinks)
+    call.options.sinks = sinks_of(sinks, q, device);
+    call.options.dsinks = dsinks.data_ptr<float>();
+  }
   const flash3::Tensor dout_d = describe(dout, "dout", device), q_d = describe(q, "q", device),
                        k_d = describe(k, "k", device), v_d = describe(v, "v", device),
                        out_d = describe(out, "out", device);
@@ -354,6 +360,30 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q,
   auto [dq, dk, dv] = backward_outputs(q, k, v);
   backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv);
   return {dq, dk, dv};
+}
+
+// bwd with the gradient of the forward's sinks as well: (dq, dk, dv, dsinks).
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_outputs(const Tensor& q, const Tensor& k,
+                                                             const Tensor& v,
+                                                             const Tensor& sinks) {
+  auto [dq, dk, dv] = backward_outputs(q, k, v);
+  return {dq, dk, dv, at::empty_like(sinks, sinks.options().dtype(at::kFloat))};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_cuda(
+    const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+    const Tensor& softmax_lse, const Tensor& sinks, std::optional<double> softmax_scale,
+    bool causal, bool deterministic) {
+  auto [dq, dk, dv, dsinks] = bwd_sinks_outputs(q, k, v, sinks);
+  backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv,
+                sinks, dsinks);
+  return {dq, dk, dv, dsinks};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_meta(
+    const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
+    const Tensor&, const Tensor& sinks, std::optional<double>, bool, bool) {
+  return bwd_sinks_outputs(q, k, v, sinks);
 }
 
 void bwd_out_cuda(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -827,9 +857,13 @@ class Attention : public torch::autograd::Function<Attention> {
                          .findSchemaOrThrow("flash3::fwd", "")
                          .typed<decltype(fwd_cuda)>();
     auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic, sinks);
-    // The lse includes the sinks, so bwd's dq, dk, dv are theirs too; the
-    // sinks' own gradient is not implemented yet.
-    ctx->saved_data["sinks_need_grad"] = sinks.has_value() && sinks->requires_grad();
+    // The lse includes the sinks, so bwd's dq, dk, dv are theirs too; with
+    // sinks that require grad, bwd_sinks adds their gradient.
+    const bool sinks_need_grad = sinks.has_value() && sinks->requires_grad();
+    ctx->saved_data["sinks_need_grad"] = sinks_need_grad;
+    if (sinks_need_grad) {
+      ctx->saved_data["sinks"] = *sinks;
+    }
     ctx->save_for_backward({q, k, v, out, lse});
     SavedOptions::save(ctx, softmax_scale, causal, deterministic);
     ctx->mark_non_differentiable({lse});
@@ -842,9 +876,16 @@ class Attention : public torch::autograd::Function<Attention> {
                          .typed<decltype(bwd_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
-    TORCH_CHECK_NOT_IMPLEMENTED(!ctx->saved_data["sinks_need_grad"].toBool(),
-                                "flash3: the gradient of sinks is not implemented yet (dq, dk "
-                                "and dv are: pass sinks that do not require grad)");
+    if (ctx->saved_data["sinks_need_grad"].toBool()) {
+      static auto with_sinks = c10::Dispatcher::singleton()
+                                   .findSchemaOrThrow("flash3::bwd_sinks", "")
+                                   .typed<decltype(bwd_sinks_cuda)>();
+      auto [dq, dk, dv, dsinks] =
+          with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
+                          ctx->saved_data["sinks"].toTensor(), o.softmax_scale, o.causal,
+                          o.deterministic);
+      return {dq, dk, dv, Tensor(), Tensor(), Tensor(), dsinks};
+    }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                 o.softmax_scale, o.causal, o.deterministic);
     return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor()};
@@ -962,6 +1003,9 @@ TORCH_LIBRARY(flash3, m) {
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "float? softmax_scale=None, bool causal=False, bool deterministic=False) "
         "-> (Tensor dq, Tensor dk, Tensor dv)");
+  m.def("bwd_sinks(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
+        "Tensor sinks, float? softmax_scale=None, bool causal=False, bool deterministic=False) "
+        "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def("bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False) -> ()");
@@ -996,6 +1040,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("fwd", &fwd_cuda);
   m.impl("fwd_out", &fwd_out_cuda);
   m.impl("bwd", &bwd_cuda);
+  m.impl("bwd_sinks", &bwd_sinks_cuda);
   m.impl("bwd_out", &bwd_out_cuda);
   m.impl("fwd_fp8", &fwd_fp8_cuda);
   m.impl("quantize_fp8", &quantize_fp8_cuda);
@@ -1008,7 +1053,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("combine", torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
   for (const char* op :
-       {"fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
+       {"fwd", "fwd_out", "bwd", "bwd_sinks", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
         "bwd_varlen", "fwd_kvcache", "kvcache_append"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
   }
@@ -1019,6 +1064,7 @@ TORCH_LIBRARY_IMPL(flash3, Meta, m) {
   m.impl("fwd", &fwd_meta);
   m.impl("fwd_out", &fwd_out_meta);
   m.impl("bwd", &bwd_meta);
+  m.impl("bwd_sinks", &bwd_sinks_meta);
   m.impl("bwd_out", &bwd_out_meta);
   m.impl("fwd_fp8", &fwd_fp8_meta);
   m.impl("quantize_fp8", &quantize_fp8_meta);

@@ -171,8 +171,7 @@ def flash_attn_func(
     sinks (flash3's, not FlashAttention-3's; float16/bfloat16 only): learnable attention
     sinks as gpt-oss has them, a float32 (heads,) tensor: each row of head h has one more
     logit, sinks[h], in its softmax, which takes probability but adds no value (softmax_lse
-    includes it). dq, dk, dv flow through it; the gradient of sinks itself is not
-    implemented yet.
+    includes it). Differentiable in sinks too (dsinks, float32, the same bits every run).
     """
     if qv is not None or softcap != 0.0 or window_size != (-1, -1) or attention_chunk != 0 \
             or sm_margin != 0 or softmax_scale == 0.0:

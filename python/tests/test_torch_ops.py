@@ -24,7 +24,7 @@ def qkv(batch=2, seqlen_q=200, seqlen_k=333, heads=4, heads_k=2, headdim=128, dt
 
 
 def test_every_operator_is_registered():
-    for name in ("fwd", "fwd_out", "bwd", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
+    for name in ("fwd", "fwd_out", "bwd", "bwd_sinks", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
                  "bwd_varlen", "fwd_kvcache", "kvcache_append"):
         assert hasattr(ops, name), name
     assert hasattr(ops, "combine")
@@ -46,6 +46,9 @@ def test_fake_implementations_give_the_outputs_shapes():
     assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
     dq, dk, dv = ops.bwd(q, q, k, k, q, lse)
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+    sinks = torch.empty(8, device="meta")
+    *_, dsinks = ops.bwd_sinks(q, q, k, k, q, lse, sinks)
+    assert dsinks.shape == (8,) and dsinks.dtype == torch.float32
     x8, descale = ops.quantize_fp8(k, 128)
     assert x8.dtype == torch.float8_e4m3fn and descale.shape == (2, 2, 3)
     out8, _ = ops.fwd_fp8(q.to(torch.float8_e4m3fn), x8, x8, descale, 100, descale, 128, descale, 128)
@@ -610,7 +613,10 @@ def test_sinks_match_a_float32_attention(causal):
     ref = torch.autograd.grad(want, (q, k, v), g.float())
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
+    # The sinks' own gradient (bwd_sinks), against the float32 attention's.
     trained = sinks.clone().requires_grad_()
     out = fai.flash_attn_func(q, k, v, causal=causal, sinks=trained)
-    with pytest.raises(NotImplementedError, match="the gradient of sinks is not implemented yet"):
-        out.sum().backward()
+    (dsinks,) = torch.autograd.grad(out, (trained,), g)
+    want, _ = _attention_with_sinks(q, k, v, trained, causal)
+    (want_dsinks,) = torch.autograd.grad(want, (trained,), g.float())
+    torch.testing.assert_close(dsinks, want_dsinks, atol=5e-2, rtol=5e-2)
