@@ -139,6 +139,32 @@ TEST_F(ForwardSinks, DecodeShapedCallsSplitTheKeys) {
   expect_sinks_match_reference({DType::kBFloat16, {4, 1, 8192, 8, 2, 128}, false});
 }
 
+TEST_F(ForwardSinks, HostSinksAreRefusedByName) {
+  const int64_t seqlen = 64, heads = 2, d = 64;
+  const size_t bytes = static_cast<size_t>(seqlen * heads * d) * 2;
+  DeviceBuffer q(bytes), k(bytes), v(bytes), out(bytes), dout(bytes), dq(bytes), dk(bytes),
+      dv(bytes), lse(static_cast<size_t>(heads * seqlen) * 4);
+  const auto t = [&](DeviceBuffer& b) {
+    return Tensor::contiguous(b.get(), DType::kBFloat16, 1, seqlen, heads, d);
+  };
+  float host_sinks[heads] = {0.5f, -1.0f}, host_dsinks[heads] = {};
+  auto* lse_d = static_cast<float*>(lse.get());
+  ForwardOptions forward_options;
+  forward_options.sinks = host_sinks;
+  Status s = flash3::forward(t(q), t(k), t(v), t(out), lse_d, forward_options);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_NE(s.message.find("options.sinks"), std::string::npos) << s.message;
+
+  DeviceBuffer device_sinks(heads * 4);
+  BackwardOptions backward_options;
+  backward_options.sinks = static_cast<const float*>(device_sinks.get());
+  backward_options.dsinks = host_dsinks;
+  s = flash3::backward(t(dout), t(q), t(k), t(v), t(out), lse_d, t(dq), t(dk), t(dv),
+                       backward_options);
+  EXPECT_EQ(s.code, StatusCode::kInvalidArgument) << s.message;
+  EXPECT_NE(s.message.find("options.dsinks"), std::string::npos) << s.message;
+}
+
 class SanitizeForwardSinks : public HopperTest {};
 
 TEST_F(SanitizeForwardSinks, Bf16D128Causal) {

@@ -129,7 +129,8 @@ Status check_pointers(const char* call, const ForwardParams& p) {
                              {"cache.cache_seqlens", p.cache_seqlens},
                              {"cache.cache_batch_idx", p.cache_batch_idx},
                              {"cache.page_table", p.page_table},
-                             {"cache.cache_leftpad", p.cache_leftpad}});
+                             {"cache.cache_leftpad", p.cache_leftpad},
+                             {"options.sinks", p.sinks}});
 }
 
 Status check_pointers(const char* call, const BackwardParams& p) {
@@ -148,7 +149,9 @@ Status check_pointers(const char* call, const BackwardParams& p) {
                              {"varlen.cu_seqlens_q", p.cu_seqlens_q},
                              {"varlen.cu_seqlens_k", p.cu_seqlens_k},
                              {"varlen.seqused_q", p.seqused_q},
-                             {"varlen.seqused_k", p.seqused_k}});
+                             {"varlen.seqused_k", p.seqused_k},
+                             {"options.sinks", p.sinks},
+                             {"options.dsinks", p.dsinks}});
 }
 
 Status check_pointers(const char* call, const Fp8VLayoutParams& p) {
