@@ -74,6 +74,9 @@ std::string ForwardCase::name() const {
   if (softmax_scale != 0.0f) {
     os << "_scale" << softmax_scale;
   }
+  if (window_left >= 0 || window_right >= 0) {
+    os << "_window" << window_left << "_" << window_right;
+  }
   return os.str();
 }
 
@@ -255,6 +258,15 @@ Tensor DeviceProblem::out() const {
   return view_tensor(out_buffer_.get(), case_.dtype, place_.out);
 }
 
+ForwardOptions DeviceProblem::options() const {
+  ForwardOptions o;
+  o.causal = case_.causal;
+  o.softmax_scale = case_.softmax_scale;
+  o.window_left = case_.window_left;
+  o.window_right = case_.window_right;
+  return o;
+}
+
 Status DeviceProblem::forward(cudaStream_t stream) const {
   return flash3::forward(q(), k(), v(), out(), lse(), options(), stream);
 }
@@ -306,10 +318,13 @@ void expect_matches_reference(const ForwardCase& c, const Inputs& in) {
   EXPECT_EQ(got.unwritten, 0u) << "out and lse elements the kernel did not write";
   EXPECT_EQ(got.clobbered, 0u) << "elements the kernel wrote outside out";
 
+  ref::Variant variant;
+  variant.window_left = c.window_left;
+  variant.window_right = c.window_right;
   const ref::Reference want =
-      ref::attention_forward(c.shape, in.q, in.k, in.v, c.resolved_scale(), c.causal);
+      ref::attention_forward(c.shape, in.q, in.k, in.v, c.resolved_scale(), c.causal, variant);
   const std::vector<float> plain = ref::attention_forward_plain(
-      half_type(c.dtype), c.shape, in.q, in.k, in.v, c.resolved_scale(), c.causal);
+      half_type(c.dtype), c.shape, in.q, in.k, in.v, c.resolved_scale(), c.causal, variant);
   const ref::Verdict out = ref::check_output(got.out, plain, want.out);
   const ref::Verdict lse = ref::check_lse(got.lse, want.lse);
   EXPECT_TRUE(out.ok) << out.message;

@@ -41,6 +41,8 @@ struct ForwardCase {
   bool causal = false;
   float softmax_scale = 0.0f;  // 0: 1/sqrt(headdim), as the API says
   Layout layout = Layout::kContiguous;
+  int window_left = -1;  // a sliding window (ForwardOptions::window_left/right); -1: unbounded
+  int window_right = -1;
 
   std::string name() const;  // e.g. "bf16_d128_b2_q113_k1013_h4_kv2_causal_packed"
   float resolved_scale() const;
@@ -126,7 +128,7 @@ class DeviceProblem {
   Tensor v() const;
   Tensor out() const;
   float* lse() const { return static_cast<float*>(lse_.get()); }
-  ForwardOptions options() const { return {case_.causal, case_.softmax_scale}; }
+  ForwardOptions options() const;
 
   // flash3::forward on this problem, enqueued on `stream`.
   Status forward(cudaStream_t stream) const;

@@ -181,6 +181,12 @@ TEST_P(InvalidForwardFp8, IsRefusedThroughTheCAbi) { expect_refused_through_c_ab
 
 INSTANTIATE_TEST_SUITE_P(Cases, InvalidForwardFp8, ::testing::ValuesIn(kFp8Cases), CaseName{});
 
+// (The C ABI's FP8 args have no window to give.)
+TEST(ForwardFp8Window, IsRefusedAsUnsupported) {
+  expect_refused(InvalidFp8Case{"Window", [](P& p) { p.options.window_left = 128; },
+                                Code::kUnsupported, "the FP8 forward has no sliding window yet"});
+}
+
 TEST(ForwardFp8CAbi, NullArgsAreRefused) {
   EXPECT_EQ(flash3_forward_fp8(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
   EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3_forward_fp8: args is null",

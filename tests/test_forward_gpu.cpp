@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -144,6 +145,34 @@ TEST_P(ForwardSweep, ClusterPairs) { expect_all_match_reference(make_all(kCluste
 TEST_P(ForwardSweep, TailSplit) { expect_all_match_reference(make_all(kTailSplitDims)); }
 
 TEST_P(ForwardSweep, Decode) { expect_all_match_reference(make_all(kDecodeDims)); }
+
+// Sliding windows (ForwardOptions::window_left/right) in the masked kernels:
+// either side bounded or not (with causal the right side is 0), the
+// diagonal alone, windows wider than the keys; square, more keys than
+// queries, more queries than keys (rows that see no key), GQA, decoding (not
+// packed: the window needs each query's position), and the shapes whose
+// causal launches split their last wave (windowed ones must not).
+TEST_P(ForwardSweep, SlidingWindows) {
+  constexpr Dims kWindowDims[] = {
+      {2, 1013, 1013, 2, 2}, {1, 700, 2000, 4, 2}, {2, 2000, 700, 2, 1}, {3, 1, 5000, 8, 2}};
+  constexpr std::pair<int, int> kWindows[] = {{100, 50}, {-1, 30}, {300, -1},
+                                              {0, 0},    {5000, 5000}, {257, 0}};
+  std::vector<ForwardCase> cases;
+  const auto add = [&](const Dims& d, std::pair<int, int> window) {
+    ForwardCase c = make(d);
+    c.window_left = window.first;
+    c.window_right = window.second;
+    cases.push_back(c);
+  };
+  for (const Dims& d : kWindowDims) {
+    for (const auto& window : kWindows) {
+      add(d, window);
+    }
+  }
+  add({1, 4096, 4096, 1, 1}, {257, 0});  // long ones: one window each (the reference's time)
+  add({1, 2304, 5632, 1, 1}, {100, 50});
+  expect_all_match_reference(cases);
+}
 
 // Scores that climb by ~23 (log2 units) from one key block to the one
 // before it, which the kernels visit next: the running max jumps past the

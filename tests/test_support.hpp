@@ -47,6 +47,9 @@ inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Ten
   args.workspace = options.workspace;
   args.workspace_bytes = options.workspace_bytes;
   args.sinks = options.sinks;
+  args.window = options.window_left != -1 || options.window_right != -1 ? 1 : 0;
+  args.window_left = options.window_left;
+  args.window_right = options.window_right;
   return args;
 }
 

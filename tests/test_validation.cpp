@@ -105,6 +105,8 @@ const InvalidForwardCase kCases[] = {
     {"MisalignedSinks",
      [](HostProblem& p) { p.options.sinks = static_cast<const float*>(offset_bytes(p.k.data, 2)); },
      Code::kInvalidArgument, "options.sinks is not 4-byte aligned"},
+    {"WindowBelowMinusOne", [](HostProblem& p) { p.options.window_left = -2; },
+     Code::kInvalidArgument, "options.window_left, window_right = (-2, -1)"},
     {"SinksOverlapOut",
      [](HostProblem& p) { p.options.sinks = static_cast<const float*>(p.out.data); },
      Code::kInvalidArgument, "options.sinks overlaps out"},

@@ -76,6 +76,13 @@ typedef struct flash3_forward_args {
   /* Learnable attention sinks (flash3.hpp: ForwardOptions::sinks): float32,
    * heads_q values on the device, or NULL. */
   const float* sinks;
+  /* Nonzero: a sliding window (flash3.hpp: ForwardOptions::window_left and
+   * window_right): query row i sees keys j with d - window_left <= j <= d +
+   * window_right, d = i + seqlen_k - seqlen_q; -1 leaves a side unbounded.
+   * Zero (as in a zero-initialized struct): no window, whatever the two say. */
+  int window;
+  int window_left;
+  int window_right;
 } flash3_forward_args;
 
 /* Exact attention forward, enqueued on `stream`. */

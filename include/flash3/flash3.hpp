@@ -86,6 +86,15 @@ struct ForwardOptions {
   // backward() then needs the same sinks' lse (softmax_lse of this call) and
   // gives dq, dk and dv through it.
   const float* sinks = nullptr;
+  // A sliding window (FlashAttention's window_size): query row i sees keys
+  // j with d - window_left <= j <= d + window_right, d = i + seqlen_k -
+  // seqlen_q (bottom-right aligned, like causal); -1 leaves that side
+  // unbounded, and with causal the right side is 0 whatever it says. The
+  // kernels visit only the key blocks inside each tile's window. A row that
+  // sees no key gets zeros and lse +inf (or the sink's). Forward only so far:
+  // backward() has no window.
+  int window_left = -1;
+  int window_right = -1;
 };
 
 // Exact attention forward: out = softmax(scale * q k^T [masked]) v, per head;

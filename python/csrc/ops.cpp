@@ -178,15 +178,25 @@ Tensor forward_workspace(const Tensor& q, const flash3::Tensor& q_d, const OnDev
 
 // A forward's options (causal, the scale) with its workspace, which this
 // holds for the call.
+// One side of a sliding window as flash3 takes it: -1 (unbounded) or a key
+// count, a count past INT_MAX being as unbounded as INT_MAX.
+int window_side(int64_t w, const char* name) {
+  TORCH_CHECK_VALUE(w >= -1, "flash3: ", name, " = ", w, ": a key count, or -1 for unbounded");
+  return static_cast<int>(std::min<int64_t>(w, INT_MAX));
+}
+
 struct ForwardCall {
   ForwardOptions options;
   Tensor workspace;
 
   ForwardCall(const Tensor& q, const flash3::Tensor& q_d, const OnDevice& on,
-              std::optional<double> softmax_scale, bool causal)
+              std::optional<double> softmax_scale, bool causal, int64_t window_left = -1,
+              int64_t window_right = -1)
       : workspace(forward_workspace(q, q_d, on)) {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
+    options.window_left = window_side(window_left, "window_size[0]");
+    options.window_right = window_side(window_right, "window_size[1]");
     if (workspace.defined()) {
       options.workspace = workspace.data_ptr();
       options.workspace_bytes = static_cast<size_t>(workspace.numel());
@@ -270,7 +280,8 @@ const float* sinks_of(const std::optional<Tensor>& sinks, const Tensor& q,
 
 void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                   const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal,
-                  const std::optional<Tensor>& sinks = std::nullopt) {
+                  const std::optional<Tensor>& sinks = std::nullopt, int64_t window_left = -1,
+                  int64_t window_right = -1) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   // In argument order (named locals: a call's arguments are evaluated in no set
@@ -278,7 +289,7 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
   float* lse = lse_of(softmax_lse, q, device);
-  ForwardCall call(q, q_d, on, softmax_scale, causal);
+  ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right);
   call.options.sinks = sinks_of(sinks, q, device);
   raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, call.options, on.stream));
 }
@@ -341,9 +352,10 @@ Fp8Descale descale_of(const Tensor& t, int64_t block_rows, const char* name, con
 std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tensor& v,
                                     std::optional<double> softmax_scale, bool causal,
                                     bool /*deterministic: the backward's*/,
-                                    const std::optional<Tensor>& sinks) {
+                                    const std::optional<Tensor>& sinks, int64_t window_left,
+                                    int64_t window_right) {
   auto [out, lse] = forward_outputs(q);
-  forward_into(q, k, v, out, lse, softmax_scale, causal, sinks);
+  forward_into(q, k, v, out, lse, softmax_scale, causal, sinks, window_left, window_right);
   return {out, lse};
 }
 
@@ -547,7 +559,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                                            std::optional<double> softmax_scale, bool causal,
                                            const std::optional<Tensor>& seqused_q,
                                            const std::optional<Tensor>& seqused_k,
-                                           bool /*deterministic: the backward's*/) {
+                                           bool /*deterministic: the backward's*/,
+                                           int64_t window_left, int64_t window_right) {
   auto [out, lse] = varlen_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
@@ -567,7 +580,7 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                        v_d = describe(v4, "v", device), out_d = describe(out4, "out", device);
   const Varlen varlen =
       varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
-  const ForwardCall call(q4, q_d, on, softmax_scale, causal);
+  const ForwardCall call(q4, q_d, on, softmax_scale, causal, window_left, window_right);
   raise_unless_ok(forward_varlen(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), varlen,
                                  call.options, on.stream));
   return {out, lse};
@@ -640,7 +653,7 @@ std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const
                                            const Tensor&, const Tensor&, int64_t,
                                            std::optional<double>, bool,
                                            const std::optional<Tensor>&,
-                                           const std::optional<Tensor>&, bool) {
+                                           const std::optional<Tensor>&, bool, int64_t, int64_t) {
   return varlen_outputs(q);
 }
 
@@ -685,7 +698,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                                             const std::optional<Tensor>& cache_batch_idx,
                                             std::optional<double> softmax_scale, bool causal,
                                             const std::optional<Tensor>& page_table,
-                                            const std::optional<Tensor>& cache_leftpad) {
+                                            const std::optional<Tensor>& cache_leftpad,
+                                            int64_t window_left, int64_t window_right) {
   auto [out, lse] = forward_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
@@ -694,7 +708,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                        out_d = describe(out, "out", device);
   const KvCache cache =
       cache_of(q, cache_seqlens, cache_batch_idx, page_table, device, cache_leftpad);
-  const ForwardCall call(q, q_d, on, softmax_scale, causal);
+  const ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right);
   raise_unless_ok(forward_kvcache(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), cache,
                                   call.options, on.stream));
   return {out, lse};
@@ -704,7 +718,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_meta(const Tensor& q, const Tensor&, cons
                                             const Tensor&, const std::optional<Tensor>&,
                                             std::optional<double>, bool,
                                             const std::optional<Tensor>&,
-                                            const std::optional<Tensor>&) {
+                                            const std::optional<Tensor>&, int64_t, int64_t) {
   return forward_outputs(q);
 }
 
@@ -792,7 +806,7 @@ void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // ------------------------------------------------------------- Meta kernels
 std::tuple<Tensor, Tensor> fwd_meta(const Tensor& q, const Tensor&, const Tensor&,
                                     std::optional<double>, bool, bool,
-                                    const std::optional<Tensor>&) {
+                                    const std::optional<Tensor>&, int64_t, int64_t) {
   return forward_outputs(q);
 }
 
@@ -838,6 +852,15 @@ struct SavedOptions {
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["deterministic"] = deterministic;
   }
+  // A sliding window's forward: its backward is not implemented yet.
+  static void save_window(AutogradContext* ctx, int64_t window_left, int64_t window_right) {
+    ctx->saved_data["local"] = window_left >= 0 || window_right >= 0;
+  }
+  static void refuse_window(AutogradContext* ctx) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!ctx->saved_data["local"].toBool(),
+                                "flash3: the backward of a sliding window (window_size) is not "
+                                "implemented yet");
+  }
   static SavedOptions of(AutogradContext* ctx) {
     const c10::IValue& scale = ctx->saved_data["softmax_scale"];
     return {scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()),
@@ -851,12 +874,15 @@ class Attention : public torch::autograd::Function<Attention> {
  public:
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
                                const Tensor& v, std::optional<double> softmax_scale, bool causal,
-                               bool deterministic, const std::optional<Tensor>& sinks) {
+                               bool deterministic, const std::optional<Tensor>& sinks,
+                               int64_t window_left, int64_t window_right) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd", "")
                          .typed<decltype(fwd_cuda)>();
-    auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic, sinks);
+    auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic, sinks, window_left,
+                              window_right);
+    SavedOptions::save_window(ctx, window_left, window_right);
     // The lse includes the sinks, so bwd's dq, dk, dv are theirs too; with
     // sinks that require grad, bwd_sinks adds their gradient.
     const bool sinks_need_grad = sinks.has_value() && sinks->requires_grad();
@@ -876,6 +902,7 @@ class Attention : public torch::autograd::Function<Attention> {
                          .typed<decltype(bwd_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
+    SavedOptions::refuse_window(ctx);
     if (ctx->saved_data["sinks_need_grad"].toBool()) {
       static auto with_sinks = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("flash3::bwd_sinks", "")
@@ -884,11 +911,11 @@ class Attention : public torch::autograd::Function<Attention> {
           with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                           ctx->saved_data["sinks"].toTensor(), o.softmax_scale, o.causal,
                           o.deterministic);
-      return {dq, dk, dv, Tensor(), Tensor(), Tensor(), dsinks};
+      return {dq, dk, dv, Tensor(), Tensor(), Tensor(), dsinks, Tensor(), Tensor()};
     }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                 o.softmax_scale, o.causal, o.deterministic);
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor()};
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -938,13 +965,16 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                                const Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                                std::optional<double> softmax_scale, bool causal,
                                const std::optional<Tensor>& seqused_q,
-                               const std::optional<Tensor>& seqused_k, bool deterministic) {
+                               const std::optional<Tensor>& seqused_k, bool deterministic,
+                               int64_t window_left, int64_t window_right) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd_varlen", "")
                          .typed<decltype(fwd_varlen_cuda)>();
     auto [out, lse] = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                              causal, seqused_q, seqused_k, deterministic);
+                              causal, seqused_q, seqused_k, deterministic, window_left,
+                              window_right);
+    SavedOptions::save_window(ctx, window_left, window_right);
     // Optional tensors saved as undefined ones when absent.
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                             seqused_q.value_or(Tensor()), seqused_k.value_or(Tensor())});
@@ -960,6 +990,7 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                          .typed<decltype(bwd_varlen_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
+    SavedOptions::refuse_window(ctx);
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
@@ -968,8 +999,8 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                 ctx->saved_data["max_seqlen_q"].toInt(),
                 o.softmax_scale, o.causal, o.deterministic,
                 optional(saved[7]), optional(saved[8]));
-    return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(),
-            Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(), Tensor(),
+            Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -979,17 +1010,21 @@ std::tuple<Tensor, Tensor> fwd_varlen_autograd(const Tensor& q, const Tensor& k,
                                                std::optional<double> softmax_scale, bool causal,
                                                const std::optional<Tensor>& seqused_q,
                                                const std::optional<Tensor>& seqused_k,
-                                               bool deterministic) {
+                                               bool deterministic, int64_t window_left,
+                                               int64_t window_right) {
   variable_list result =
       VarlenAttention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
-                             causal, seqused_q, seqused_k, deterministic);
+                             causal, seqused_q, seqused_k, deterministic, window_left,
+                             window_right);
   return {result[0], result[1]};
 }
 
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                         std::optional<double> softmax_scale, bool causal,
-                                        bool deterministic, const std::optional<Tensor>& sinks) {
-  variable_list result = Attention::apply(q, k, v, softmax_scale, causal, deterministic, sinks);
+                                        bool deterministic, const std::optional<Tensor>& sinks,
+                                        int64_t window_left, int64_t window_right) {
+  variable_list result = Attention::apply(q, k, v, softmax_scale, causal, deterministic, sinks,
+                                          window_left, window_right);
   return {result[0], result[1]};
 }
 
@@ -997,7 +1032,8 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const 
 
 TORCH_LIBRARY(flash3, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-        "bool deterministic=False, Tensor? sinks=None) -> (Tensor out, Tensor softmax_lse)");
+        "bool deterministic=False, Tensor? sinks=None, int window_left=-1, int window_right=-1) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) softmax_lse, "
         "float? softmax_scale=None, bool causal=False) -> ()");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
@@ -1017,16 +1053,16 @@ TORCH_LIBRARY(flash3, m) {
         "-> (Tensor x_fp8, Tensor descale)");
   m.def("fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, float? softmax_scale=None, bool causal=False, Tensor? seqused_q=None, "
-        "Tensor? seqused_k=None, bool deterministic=False) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "Tensor? seqused_k=None, bool deterministic=False, int window_left=-1, "
+        "int window_right=-1) -> (Tensor out, Tensor softmax_lse)");
   m.def("bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
-        "Tensor? page_table=None, Tensor? cache_leftpad=None) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "Tensor? page_table=None, Tensor? cache_leftpad=None, int window_left=-1, "
+        "int window_right=-1) -> (Tensor out, Tensor softmax_lse)");
   m.def("kvcache_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
         "Tensor cache_seqlens, Tensor? cache_batch_idx=None, Tensor? page_table=None, "
         "Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=False, "

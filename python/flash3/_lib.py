@@ -47,6 +47,9 @@ class ForwardArgs(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("sinks", ctypes.POINTER(ctypes.c_float)),
+        ("window", ctypes.c_int),
+        ("window_left", ctypes.c_int),
+        ("window_right", ctypes.c_int),
     ]
 
 

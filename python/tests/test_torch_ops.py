@@ -584,6 +584,55 @@ def test_combine_edge_cases():
         ops.combine(good.cpu(), torch.randn(2, 1, 4, 2))
 
 
+def _attention_in_a_window(q, k, v, causal, window):
+    # float32 attention with FlashAttention's window_size (bottom-right aligned, -1 unbounded).
+    group = q.shape[2] // k.shape[2]
+    k, v = (x.float().repeat_interleave(group, dim=2) for x in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) / q.shape[-1] ** 0.5
+    sq, sk = q.shape[1], k.shape[1]
+    diagonal = torch.arange(sq, device=q.device)[:, None] + sk - sq
+    key = torch.arange(sk, device=q.device)[None, :]
+    left, right = window
+    hidden = torch.zeros(sq, sk, dtype=torch.bool, device=q.device)
+    if left >= 0:
+        hidden |= key < diagonal - left
+    if causal or right >= 0:
+        hidden |= key > diagonal + (0 if causal else right)
+    scores = scores.masked_fill(hidden, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.nan_to_num(torch.softmax(scores, dim=-1))  # rows that see no key: zeros
+    return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse.masked_fill(lse == float("-inf"), float("inf"))
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(64, 0), (100, 30), (-1, 17), (0, 0)])
+def test_sliding_window_matches_a_float32_attention(causal, window):
+    q, k, v = qkv(seqlen_q=300, seqlen_k=411)
+    out, lse = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    want, want_lse = _attention_in_a_window(q, k, v, causal, window)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
+    # FA3's tests pass the window as a tensor of two; varlen and the KV cache take it too.
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 411, 822], dtype=torch.int32, device="cuda")
+    packed = fai.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu_k, 300, 411,
+                                        causal=causal, window_size=torch.tensor(window))
+    torch.testing.assert_close(packed.view_as(out).float(), want, atol=2e-2, rtol=2e-2)
+    cached = fai.flash_attn_with_kvcache(q, k, v, cache_seqlens=411, causal=causal, window_size=window)
+    torch.testing.assert_close(cached.float(), want, atol=2e-2, rtol=2e-2)
+
+
+@requires_hopper
+def test_sliding_window_backward_is_not_implemented_yet():
+    q, k, v = qkv(requires_grad=True)
+    out = fai.flash_attn_func(q, k, v, window_size=(64, 0))
+    with pytest.raises(NotImplementedError, match="flash3: the backward of a sliding window"):
+        out.sum().backward()
+    with pytest.raises(NotImplementedError, match="window_size with float8_e4m3fn"):
+        fai.flash_attn_func(*(x.detach().to(torch.float8_e4m3fn) for x in (q, k, v)), window_size=(64, 0))
+
+
 def _attention_with_sinks(q, k, v, sinks, causal):
     # float32 attention with gpt-oss's sinks: one more logit per row, no value.
     group = q.shape[2] // k.shape[2]

@@ -44,12 +44,20 @@ flash3::Fp8Descale to_cpp(const flash3_fp8_descale& d) {
   return r;
 }
 
-// Sinks: flash3_forward_args has them, the FP8 forward's args not yet.
+// Sinks and windows: flash3_forward_args has them, the FP8 forward's args not yet.
 const float* sinks_of(const flash3_forward_args& args) { return args.sinks; }
 template <class Args>
 const float* sinks_of(const Args&) {
   return nullptr;
 }
+void set_window(const flash3_forward_args& args, flash3::ForwardOptions* options) {
+  if (args.window != 0) {
+    options->window_left = args.window_left;
+    options->window_right = args.window_right;
+  }
+}
+template <class Args>
+void set_window(const Args&, flash3::ForwardOptions*) {}
 
 // Either forward's args (flash3_forward_args, flash3_forward_fp8_args).
 template <class Args>
@@ -60,6 +68,7 @@ flash3::ForwardOptions forward_options(const Args& args) {
   options.workspace = args.workspace;
   options.workspace_bytes = args.workspace_bytes;
   options.sinks = sinks_of(args);
+  set_window(args, &options);
   return options;
 }
 

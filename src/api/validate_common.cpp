@@ -305,6 +305,10 @@ Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardO
       }
     }
   }
+  if (options.window_left < -1 || options.window_right < -1) {
+    return invalid("options.window_left, window_right = (", options.window_left, ", ",
+                   options.window_right, "): each is a key count, or -1 for unbounded");
+  }
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;
   }
@@ -369,6 +373,8 @@ void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor&
   p->out_stride = strides_of(out);
   p->softmax_scale = resolve_softmax_scale(options.softmax_scale, p->headdim);
   p->causal = options.causal;
+  p->window_left = options.window_left;
+  p->window_right = options.window_right;
   p->workspace = options.workspace;
   p->workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
   p->sinks = options.sinks;

@@ -2,6 +2,7 @@
 // and the kernels' launchers (src/sm90/) read it: the layer between them.
 #pragma once
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 
@@ -25,8 +26,10 @@ inline constexpr char kCombineCall[] = "flash3::combine";
 
 #if defined(__CUDACC__)
 #define FLASH3_HOST_DEVICE __host__ __device__
+#define FLASH3_UNROLL _Pragma("unroll")
 #else
 #define FLASH3_HOST_DEVICE
+#define FLASH3_UNROLL
 #endif
 
 // Element strides of a (batch, seqlen, heads, headdim) tensor, headdim contiguous.
@@ -100,6 +103,21 @@ struct AttentionProblem {
   int headdim = 0;
   float softmax_scale = 0.0f;  // resolved: never 0 here
   bool causal = false;
+  // A sliding window (FlashAttention's window_size): query row i sees keys
+  // [d - window_left, d + window_right], d = i + seqlen_k - seqlen_q; -1
+  // leaves that side unbounded (with causal, the right side is 0 whatever it
+  // says). Forward only so far.
+  int window_left = -1;
+  int window_right = -1;
+
+  bool local() const { return window_left >= 0 || window_right >= 0; }
+  // Whether the masked kernels run it (mask.cuh): causal or a window.
+  bool masked() const { return causal || local(); }
+  // The masked kernels' window sides (mask.cuh: kUnbounded is INT_MAX).
+  int mask_window_left() const { return window_left < 0 ? INT_MAX : window_left; }
+  int mask_window_right() const {
+    return causal ? 0 : window_right < 0 ? INT_MAX : window_right;
+  }
 };
 
 // Varlen (varlen_batch > 0): the tensors packed as batch 1 (seqlen_q,

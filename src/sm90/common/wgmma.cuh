@@ -16,6 +16,8 @@
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cute/arch/mma_sm90.hpp>
 
+#include "sm90/common/accumulator.hpp"
+
 namespace flash3::sm90 {
 
 namespace gmma = cute::SM90::GMMA;
@@ -146,9 +148,5 @@ template <int kPending>
 __device__ __forceinline__ void mma_wait() {
   cute::warpgroup_wait<kPending>();
 }
-
-// Register i of a thread's wgmma accumulator belongs to row (i & 2) ? 1 : 0
-// of its two rows (g and g + 8 of its warp's 16).
-__device__ __forceinline__ constexpr int acc_row(int i) { return (i & 2) ? 1 : 0; }
 
 }  // namespace flash3::sm90

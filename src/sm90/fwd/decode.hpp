@@ -29,12 +29,13 @@
 namespace flash3::detail {
 
 // Rewrites p as the packed view above where it applies (one query, GQA,
-// 16-bit, not varlen, no sinks); false, p unchanged, elsewhere.
+// 16-bit, not varlen, no sinks, no window); false, p unchanged, elsewhere.
 inline bool pack_gqa(ForwardParams* p) {
   const int group = p->heads_k > 0 ? p->heads_q / p->heads_k : 1;
-  // (Sinks are per query head: a packed tile's rows would need one each.)
+  // (Sinks are per query head: a packed tile's rows would need one each; a
+  // window's rows would need the one query's position.)
   if (p->seqlen_q != 1 || group <= 1 || p->varlen_batch > 0 ||
-      p->dtype == DType::kFloat8E4M3 || p->sinks != nullptr) {
+      p->dtype == DType::kFloat8E4M3 || p->sinks != nullptr || p->local()) {
     return false;
   }
   p->seqlen_q = group;

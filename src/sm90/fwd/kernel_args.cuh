@@ -52,6 +52,11 @@ struct KernelArgs {
   VarlenSequences varlen;
   // KV cache (Traits::kKvCache; kv_cache.hpp): each batch's keys.
   KvCacheSequences cache;
+  // The masked kernels' window (mask.cuh: causal (kUnbounded, 0), or a
+  // sliding window); unused by the others. (Last, so that the fields above
+  // keep their parameter offsets, and the other kernels their code.)
+  int window_left;
+  int window_right;
 };
 
 // Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a

@@ -152,6 +152,8 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.sinks = p.sinks;
   args.seqlen_q = p.seqlen_q;
   args.seqlen_k = p.seqlen_k;
+  args.window_left = p.mask_window_left();
+  args.window_right = p.mask_window_right();
   args.heads_q = p.heads_q;
   args.heads_per_kv_head = p.heads_q / p.heads_k;
   args.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
@@ -191,8 +193,10 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const KernelSetup setup =
       setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);
   cudaError_t err = setup.err;
-  const SplitSteps steps = split_steps(T::kTailSplit, kCausal, p.seqlen_q, p.seqlen_k, T::kBlockM,
-                                       T::kBlockN);
+  // (A window's tiles cost what their windows hold, not the causal pairs'
+  // equal shares: not split.)
+  const SplitSteps steps = split_steps(T::kTailSplit && !p.local(), kCausal, p.seqlen_q,
+                                       p.seqlen_k, T::kBlockM, T::kBlockN);
   GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
                             setup.max_clusters, steps.split, steps.blocks);
   if (grid.tail.tail_blocks > 0) {
@@ -275,8 +279,8 @@ Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
 
 template <DType kDType, int kHeadDim, sm90::fwd::Sequences kSequences>
 Status launch_sequences(const ForwardParams& p, cudaStream_t stream) {
-  return p.causal ? launch_causality<kDType, kHeadDim, true, kDType, kSequences>(p, stream)
-                  : launch_causality<kDType, kHeadDim, false, kDType, kSequences>(p, stream);
+  return p.masked() ? launch_causality<kDType, kHeadDim, true, kDType, kSequences>(p, stream)
+                    : launch_causality<kDType, kHeadDim, false, kDType, kSequences>(p, stream);
 }
 
 template <DType kDType, int kHeadDim>
@@ -295,8 +299,8 @@ Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream) {
 template <DType kOutDType, int kHeadDim>
 Status launch_forward_fp8_sm90(const ForwardParams& p, cudaStream_t stream) {
   constexpr DType kFp8 = DType::kFloat8E4M3;
-  return p.causal ? launch_causality<kFp8, kHeadDim, true, kOutDType>(p, stream)
-                  : launch_causality<kFp8, kHeadDim, false, kOutDType>(p, stream);
+  return p.masked() ? launch_causality<kFp8, kHeadDim, true, kOutDType>(p, stream)
+                    : launch_causality<kFp8, kHeadDim, false, kOutDType>(p, stream);
 }
 
 }  // namespace flash3::detail

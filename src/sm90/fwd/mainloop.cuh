@@ -163,9 +163,9 @@ struct Mainloop {
   // sequence's own lengths, or (KV cache) the batch's key count.
   __device__ decltype(auto) mask_of(const WorkOf<T>& w) const {
     if constexpr (T::kVarlen) {
-      return Mask<kBlockM, kBlockN, kCausal>{w.q.length, w.k.length};
+      return mask.with_lengths(w.q.length, w.k.length);
     } else if constexpr (T::kKvCache) {
-      return Mask<kBlockM, kBlockN, kCausal>{mask.seqlen_q, w.k.length};
+      return mask.with_lengths(mask.seqlen_q, w.k.length);
     } else {
       return (mask);
     }
@@ -438,7 +438,8 @@ struct Mainloop {
                           float (&o)[T::kOAccRegs], Softmax& softmax, float& o_units) {
     const Tile& tile = work.tile;
     decltype(auto) mask = mask_of(work);
-    const int n_begin = T::kTailSplit ? work.n_begin : 0, n_end = work.n_end;
+    // (Whole tiles of the masked kernels start at their window's first block.)
+    const int n_begin = T::kTailSplit || kCausal ? work.n_begin : 0, n_end = work.n_end;
     const FragmentCoord c = FragmentCoord::current();
     const int wg_row0 = tile.m_block * kBlockM + warpgroup * kMmaM;
     const int row0 = wg_row0 + c.warp * 16 + c.row;

@@ -92,8 +92,12 @@ struct TileScheduler {
       return false;
     }
     w.tile = tile<kCausal>(piece.tile);
-    w.n_begin = piece.n_begin;
-    w.n_end = piece.kind == Piece::kWhole ? mask.n_block_end(w.tile.m_block) : piece.n_end;
+    const bool whole = piece.kind == Piece::kWhole;
+    w.n_begin = piece.n_begin;  // whole: 0, or (masked kernels) the tile's window's first block
+    if constexpr (Mask::kIsMasked) {
+      w.n_begin = whole ? mask.n_block_begin(w.tile.m_block) : piece.n_begin;
+    }
+    w.n_end = whole ? mask.n_block_end(w.tile.m_block) : piece.n_end;
     w.kind = piece.kind;
     w.partners = piece.partners;
     return true;
@@ -127,7 +131,7 @@ struct VarlenTileScheduler : TileScheduler {
   VarlenSequences varlen;
 
   template <bool kCausal, bool kTailSplit, class Mask>
-  __device__ bool work(const Cursor& c, const Mask&, VarlenWork& w) const {
+  __device__ bool work(const Cursor& c, const Mask& mask, VarlenWork& w) const {
     static_assert(!kTailSplit, "varlen launches are not tail-split");
     const VarlenTiles tiles{varlen.block_prefix, varlen.batch, heads};
     if (c.index >= tiles.num_tiles()) {
@@ -141,8 +145,9 @@ struct VarlenTileScheduler : TileScheduler {
                  : (t.m_block % 2 == 0 ? t.m_blocks - 1 - t.m_block / 2 : t.m_block / 2);
     w.q = seq_range(varlen.cu_seqlens_q, varlen.seqused_q, t.batch, varlen.total_q);
     w.k = seq_range(varlen.cu_seqlens_k, varlen.seqused_k, t.batch, varlen.total_k);
-    w.n_begin = 0;
-    w.n_end = Mask{w.q.length, w.k.length}.n_block_end(w.tile.m_block);
+    const Mask sequence = mask.with_lengths(w.q.length, w.k.length);
+    w.n_begin = sequence.n_block_begin(w.tile.m_block);
+    w.n_end = sequence.n_block_end(w.tile.m_block);
     w.kind = Piece::kWhole;
     w.partners = 0;
     return true;
@@ -167,8 +172,13 @@ struct KvCacheTileScheduler : TileScheduler {
       return false;
     }
     w.k = cache.keys(w.tile.batch);
-    const int n_end = Mask{mask.seqlen_q, w.k.length}.n_block_end(w.tile.m_block);
-    w.n_end = min(w.n_end, n_end);
+    const Mask batch = mask.with_lengths(mask.seqlen_q, w.k.length);
+    w.n_end = min(w.n_end, batch.n_block_end(w.tile.m_block));
+    if constexpr (Mask::kIsMasked) {
+      if (w.kind == Piece::kWhole) {
+        w.n_begin = batch.n_block_begin(w.tile.m_block);
+      }
+    }
     w.n_begin = min(w.n_begin, w.n_end);
     return true;
   }
