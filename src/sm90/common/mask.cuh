@@ -88,6 +88,8 @@ struct Mask {
   // Each row's limits are taken relative to col0 once, so that every element
   // compares its constant column offset against them (an ISETP with an
   // immediate per side and one FSEL, no per-element address arithmetic).
+  // The window's left side is a loop of its own behind a uniform branch, so
+  // causal blocks compare once per element, as before windows.
   template <int kRegs>
   FLASH3_HOST_DEVICE void apply(float (&s)[kRegs], int row0, int col0) const {
     int begin[2], end[2];  // keys of the block from col0 on that rows row0, row0 + 8 see
@@ -96,11 +98,19 @@ FLASH3_UNROLL
       begin[r] = keys_begin(row0 + 8 * r) - col0;
       end[r] = (kMasked ? keys_end(row0 + 8 * r) : seqlen_k) - col0;
     }
-    const bool left = kMasked && window_left != kUnbounded;
+    if (kMasked && window_left != kUnbounded) {
+FLASH3_UNROLL
+      for (int i = 0; i < kRegs; ++i) {
+        const int offset = (i / 4) * 8 + (i & 1);
+        if (offset >= end[acc_row(i)] || offset < begin[acc_row(i)]) {
+          s[i] = -INFINITY;
+        }
+      }
+      return;
+    }
 FLASH3_UNROLL
     for (int i = 0; i < kRegs; ++i) {
-      const int offset = (i / 4) * 8 + (i & 1);
-      if (offset >= end[acc_row(i)] || (left && offset < begin[acc_row(i)])) {
+      if ((i / 4) * 8 + (i & 1) >= end[acc_row(i)]) {
         s[i] = -INFINITY;
       }
     }
