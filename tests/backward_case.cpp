@@ -64,6 +64,8 @@ Status BackwardProblem::run(cudaStream_t stream) const {
   options.causal = case_.forward.causal;
   options.softmax_scale = case_.forward.softmax_scale;
   options.deterministic = case_.deterministic;
+  options.window_left = case_.forward.window_left;
+  options.window_right = case_.forward.window_right;
   return flash3::backward(view_tensor(dout_.get(), dtype, place_.out), forward_.q(),
                           forward_.k(), forward_.v(), forward_.out(), forward_.lse(),
                           view_tensor(grads_.get(), dtype, place_.q),
@@ -116,10 +118,14 @@ void expect_gradients_match_reference(const BackwardCase& c) {
   EXPECT_EQ(got.clobbered, 0u) << "elements the backward wrote outside dq, dk, dv";
 
   const ForwardCase& f = c.forward;
-  const ref::Gradients want =
-      ref::attention_backward(f.shape, in.q, in.k, in.v, dout, f.resolved_scale(), f.causal);
-  const ref::PlainGradients plain = ref::attention_backward_plain(
-      half_type(f.dtype), f.shape, in.q, in.k, in.v, dout, f.resolved_scale(), f.causal);
+  ref::Variant variant;
+  variant.window_left = f.window_left;
+  variant.window_right = f.window_right;
+  const ref::Gradients want = ref::attention_backward(f.shape, in.q, in.k, in.v, dout,
+                                                      f.resolved_scale(), f.causal, variant);
+  const ref::PlainGradients plain =
+      ref::attention_backward_plain(half_type(f.dtype), f.shape, in.q, in.k, in.v, dout,
+                                    f.resolved_scale(), f.causal, variant);
   const ref::Verdict dq = ref::check_gradient("dq", got.dq, plain.dq, want.dq);
   const ref::Verdict dk = ref::check_gradient("dk", got.dk, plain.dk, want.dk);
   const ref::Verdict dv = ref::check_gradient("dv", got.dv, plain.dv, want.dv);

@@ -4,6 +4,7 @@
 // compute-sanitizer (SanitizeBackward*).
 #include <cstring>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -59,6 +60,37 @@ TEST_P(BackwardSweep, GqaRatios) { expect_all(kGqaDims); }
 TEST_P(BackwardSweep, StridedLayouts) {
   for (Layout layout : {Layout::kHeadMajor, Layout::kPadded, Layout::kPackedQkv}) {
     expect_all({{2, 177, 177, 4, 2}}, layout);
+  }
+}
+
+// Sliding windows (BackwardOptions::window_left/right, the forward's): each
+// kind of window, causal or not, queries and keys of unequal counts (rows
+// that see no key), GQA; then deterministic, whose dQ order takes each query
+// block's key blocks in the window (Mainloop::dq_turn).
+TEST_P(BackwardSweep, SlidingWindows) {
+  const auto [dtype, headdim] = GetParam();
+  struct WindowCase {
+    Dims dims;
+    std::pair<int, int> window;
+    bool causal;
+    bool deterministic;
+  };
+  const WindowCase cases[] = {
+      {{2, 300, 300, 2, 2}, {100, 50}, false, false}, {{2, 300, 300, 2, 2}, {100, 50}, true, false},
+      {{2, 300, 300, 2, 2}, {0, 0}, false, false},    {{2, 300, 300, 2, 2}, {0, 0}, true, false},
+      {{1, 700, 1000, 4, 2}, {-1, 30}, false, false}, {{1, 700, 1000, 4, 2}, {257, 0}, true, false},
+      {{1, 1000, 500, 2, 1}, {300, -1}, false, false}, {{1, 1000, 500, 2, 1}, {300, -1}, true, false},
+      {{1, 700, 1000, 4, 2}, {200, 50}, false, true}, {{1, 1000, 500, 2, 1}, {130, 0}, true, true}};
+  for (const WindowCase& w : cases) {
+    BackwardCase c = make_case(dtype, headdim, w.dims, w.causal);
+    c.forward.window_left = w.window.first;
+    c.forward.window_right = w.window.second;
+    c.deterministic = w.deterministic;
+    SCOPED_TRACE(c.name());
+    expect_gradients_match_reference(c);
+    if (HasFatalFailure() || IsSkipped()) {
+      return;
+    }
   }
 }
 

@@ -164,11 +164,15 @@ TEST_P(ForwardSweep, SlidingWindows) {
     c.window_right = window.second;
     cases.push_back(c);
   };
-  for (const Dims& d : kWindowDims) {
-    for (const auto& window : kWindows) {
-      add(d, window);
-    }
+  for (const auto& window : kWindows) {  // every window on the square problem
+    add(kWindowDims[0], window);
   }
+  for (const Dims& d : kWindowDims) {  // two on each
+    add(d, kWindows[0]);
+    add(d, kWindows[2]);
+  }
+  add(kWindowDims[1], kWindows[3]);  // the diagonal alone: rows that see no key
+  add(kWindowDims[2], kWindows[1]);
   add({1, 4096, 4096, 1, 1}, {257, 0});  // long ones: one window each (the reference's time)
   add({1, 2304, 5632, 1, 1}, {100, 50});
   expect_all_match_reference(cases);

@@ -4,7 +4,11 @@
 // not, with causal or not) and no mask, over random lengths, the key blocks
 // a query tile visits hold every key its rows see, a block that hides a key
 // from a row of the tile is masked, and apply() hides exactly the keys a
-// row does not see, in the wgmma accumulator's layout.
+// row does not see, in the wgmma accumulator's layout. The backward's side:
+// the query blocks a key block meets hold every row that sees one of its
+// keys, key block n meets query block m exactly when the forward's tile m
+// visits n (the deterministic dQ order counts on it), and apply_transposed
+// hides exactly the hidden (key, query) pairs.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,6 +40,8 @@ std::string describe(const Shape& s, const Window& w) {
 template <int kBlockM, int kBlockN, bool kMasked>
 flash3::sm90::Mask<kBlockM, kBlockN, kMasked> mask_of(const Shape& s, const Window& w) {
   flash3::detail::AttentionProblem p;
+  p.seqlen_q = s.seqlen_q;
+  p.seqlen_k = s.seqlen_k;
   p.causal = w.causal;
   p.window_left = w.left;
   p.window_right = w.right;
@@ -98,6 +104,90 @@ void expect_mask_matches(const Shape& s, const Window& w) {
       }
     }
   }
+}
+
+template <int kBlockM, int kBlockN, bool kMasked>
+void expect_backward_mask_matches(const Shape& s, const Window& w) {
+  SCOPED_TRACE(describe(s, w) + " blocks " + std::to_string(kBlockM) + "x" +
+               std::to_string(kBlockN) + " (backward)");
+  const auto mask = mask_of<kBlockM, kBlockN, kMasked>(s, w);
+  const Variant variant{w.left, w.right, 0.0, {}};
+  const auto seen = [&](int row) { return flash3::ref::visible_key_range(s, w.causal, variant, row); };
+  const int m_blocks = mask.num_m_blocks();
+  const int n_blocks = (s.seqlen_k + kBlockN - 1) / kBlockN;
+  for (int n = 0; n < n_blocks; ++n) {
+    const int begin = mask.m_block_begin(n), end = mask.m_block_end(n);
+    ASSERT_GE(begin, 0);
+    ASSERT_LE(end, m_blocks);
+    for (int row = 0; row < s.seqlen_q; ++row) {
+      const KeyRange keys = seen(row);
+      const bool meets = keys.first < std::min(keys.end, (n + 1) * kBlockN) &&
+                         std::max(keys.first, n * kBlockN) < keys.end;
+      if (meets) {
+        ASSERT_TRUE(row / kBlockM >= begin && row / kBlockM < end) << "row " << row << " block " << n;
+      }
+    }
+    for (int m = 0; m < m_blocks; ++m) {
+      const bool backward = m >= begin && m < end;
+      const bool forward = n >= mask.n_block_begin(m) && n < mask.n_block_end(m);
+      ASSERT_EQ(backward, forward) << "query block " << m << " key block " << n;
+    }
+    // apply_transposed: rows = keys (key0, key0 + 8), columns = queries.
+    for (int m = begin; m < end; ++m) {
+      for (int key_row0 = n * kBlockN; key_row0 < (n + 1) * kBlockN; key_row0 += 16) {
+        for (int g = 0; g < 8; ++g) {
+          for (int col_pair = 0; col_pair < 4; ++col_pair) {
+            constexpr int kRegs = kBlockM / 2;
+            float acc[kRegs];
+            for (float& x : acc) {
+              x = 1.0f;
+            }
+            const int k0 = key_row0 + g, col0 = m * kBlockM + 2 * col_pair;
+            mask.apply_transposed(acc, k0, col0);
+            for (int i = 0; i < kRegs; ++i) {
+              const int key = k0 + 8 * flash3::sm90::acc_row(i);
+              const int row = col0 + (i / 4) * 8 + (i & 1);
+              if (row >= s.seqlen_q) {
+                continue;  // padded query rows: never used
+              }
+              const KeyRange keys = seen(row);
+              const bool visible = key >= keys.first && key < keys.end;
+              ASSERT_EQ(!std::isinf(acc[i]), visible) << "row " << row << " key " << key;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int kBlockM, int kBlockN>
+void sweep_backward(unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> length(1, 500), side(-1, 300), coin(0, 1);
+  for (int trial = 0; trial < 40; ++trial) {
+    Shape s;
+    s.seqlen_q = length(rng);
+    s.seqlen_k = coin(rng) ? s.seqlen_q : length(rng);
+    expect_backward_mask_matches<kBlockM, kBlockN, false>(s, {false, -1, -1});
+    expect_backward_mask_matches<kBlockM, kBlockN, true>(s, {true, -1, -1});
+    Window w{coin(rng) == 1, side(rng), side(rng)};
+    if (w.left < 0 && w.right < 0) {
+      w.right = 0;
+    }
+    expect_backward_mask_matches<kBlockM, kBlockN, true>(s, w);
+    expect_backward_mask_matches<kBlockM, kBlockN, true>(s, {false, 0, 0});
+    if (::testing::Test::HasFatalFailure()) {
+      return;
+    }
+  }
+}
+
+// The backward's tiles (src/sm90/bwd/traits.cuh: 128 x 128, 64 x 128, 64 x 64).
+TEST(Mask, BackwardMatchesTheReferenceVisibleKeys) {
+  sweep_backward<64, 128>(11);
+  sweep_backward<128, 128>(12);
+  sweep_backward<64, 64>(13);
 }
 
 template <int kBlockM, int kBlockN>

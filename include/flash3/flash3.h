@@ -184,6 +184,11 @@ typedef struct flash3_backward_args {
    * receive their gradient, dsinks (float32, heads_q each, device). */
   const float* sinks;
   float* dsinks;
+  /* Nonzero: the forward's sliding window (flash3_forward_args' window,
+   * window_left, window_right); zero: none. */
+  int window;
+  int window_left;
+  int window_right;
 } flash3_backward_args;
 
 /* Gradients dq, dk, dv of flash3_forward, enqueued on `stream`. GQA: dk and dv

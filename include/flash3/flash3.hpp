@@ -91,8 +91,8 @@ struct ForwardOptions {
   // seqlen_q (bottom-right aligned, like causal); -1 leaves that side
   // unbounded, and with causal the right side is 0 whatever it says. The
   // kernels visit only the key blocks inside each tile's window. A row that
-  // sees no key gets zeros and lse +inf (or the sink's). Forward only so far:
-  // backward() has no window.
+  // sees no key gets zeros and lse +inf (or the sink's). backward() takes
+  // the same window (BackwardOptions::window_left/right).
   int window_left = -1;
   int window_right = -1;
 };
@@ -246,6 +246,10 @@ struct BackwardOptions {
   // forward's softmax_lse holds the sinks); dsinks needs sinks.
   const float* sinks = nullptr;
   float* dsinks = nullptr;
+  // The forward's sliding window (ForwardOptions::window_left/right), -1 for
+  // an unbounded side.
+  int window_left = -1;
+  int window_right = -1;
 };
 
 // Gradients of forward(): given dout (shaped like out) and the forward's q,

@@ -212,10 +212,13 @@ struct BackwardCall {
   BackwardOptions options;
   Tensor workspace;
 
-  BackwardCall(std::optional<double> softmax_scale, bool causal, bool deterministic) {
+  BackwardCall(std::optional<double> softmax_scale, bool causal, bool deterministic,
+               int64_t window_left = -1, int64_t window_right = -1) {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
     options.deterministic = deterministic;
+    options.window_left = window_side(window_left, "window_size[0]");
+    options.window_right = window_side(window_right, "window_size[1]");
   }
   // `bytes`: backward_workspace_size's for the call, on q's device.
   void take_workspace(const Tensor& q, size_t bytes) {
@@ -314,12 +317,13 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
                    std::optional<double> softmax_scale, bool causal, bool deterministic,
                    const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const std::optional<Tensor>& sinks = std::nullopt,
-                   const Tensor& dsinks = Tensor()) {
+                   const Tensor& dsinks = Tensor(), int64_t window_left = -1,
+                   int64_t window_right = -1) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   check_tensor(dout_in, "dout", device);
   const Tensor dout = tma_readable(dout_in) ? dout_in : dout_in.contiguous();
-  BackwardCall call(softmax_scale, causal, deterministic);
+  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right);
   if (dsinks.defined()) {  // the sinks' gradient too (bwd_sinks)
     call.options.sinks = sinks_of(sinks, q, device);
     call.options.dsinks = dsinks.data_ptr<float>();
@@ -368,9 +372,11 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q,
                                             const Tensor& v, const Tensor& out,
                                             const Tensor& softmax_lse,
                                             std::optional<double> softmax_scale, bool causal,
-                                            bool deterministic) {
+                                            bool deterministic, int64_t window_left,
+                                            int64_t window_right) {
   auto [dq, dk, dv] = backward_outputs(q, k, v);
-  backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv);
+  backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv,
+                std::nullopt, Tensor(), window_left, window_right);
   return {dq, dk, dv};
 }
 
@@ -385,16 +391,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_outputs(const Tensor& q, co
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_cuda(
     const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
     const Tensor& softmax_lse, const Tensor& sinks, std::optional<double> softmax_scale,
-    bool causal, bool deterministic) {
+    bool causal, bool deterministic, int64_t window_left, int64_t window_right) {
   auto [dq, dk, dv, dsinks] = bwd_sinks_outputs(q, k, v, sinks);
   backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv,
-                sinks, dsinks);
+                sinks, dsinks, window_left, window_right);
   return {dq, dk, dv, dsinks};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
-    const Tensor&, const Tensor& sinks, std::optional<double>, bool, bool) {
+    const Tensor&, const Tensor& sinks, std::optional<double>, bool, bool, int64_t, int64_t) {
   return bwd_sinks_outputs(q, k, v, sinks);
 }
 
@@ -603,7 +609,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
     const Tensor& dout_in, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
     const Tensor& softmax_lse, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
     int64_t max_seqlen_q, std::optional<double> softmax_scale, bool causal, bool deterministic,
-    const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k) {
+    const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
+    int64_t window_left, int64_t window_right) {
   auto [dq, dk, dv] =
       varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
   if (q.size(0) == 0 || k.size(0) == 0) {  // as fwd_varlen: nothing attends to anything
@@ -633,7 +640,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
                        dv_d = describe(dv4, "dv", device);
   const Varlen varlen =
       varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
-  BackwardCall call(softmax_scale, causal, deterministic);
+  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right);
   size_t bytes = 0;
   raise_unless_ok(backward_workspace_size(q_d, k_d, varlen, call.options, &bytes));
   call.take_workspace(q, bytes);
@@ -645,7 +652,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
 std::tuple<Tensor, Tensor, Tensor> bwd_varlen_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
     const Tensor&, const Tensor&, const Tensor&, int64_t, std::optional<double>, bool, bool,
-    const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k) {
+    const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k, int64_t,
+    int64_t) {
   return varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
 }
 
@@ -815,7 +823,8 @@ void fwd_out_meta(const Tensor&, const Tensor&, const Tensor&, const Tensor&, co
 
 std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor&, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const Tensor&, const Tensor&,
-                                            std::optional<double>, bool, bool) {
+                                            std::optional<double>, bool, bool, int64_t,
+                                            int64_t) {
   return backward_outputs(q, k, v);
 }
 
@@ -852,14 +861,16 @@ struct SavedOptions {
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["deterministic"] = deterministic;
   }
-  // A sliding window's forward: its backward is not implemented yet.
+  // The forward's sliding window, for the backward's call.
   static void save_window(AutogradContext* ctx, int64_t window_left, int64_t window_right) {
-    ctx->saved_data["local"] = window_left >= 0 || window_right >= 0;
+    ctx->saved_data["window_left"] = window_left;
+    ctx->saved_data["window_right"] = window_right;
   }
-  static void refuse_window(AutogradContext* ctx) {
-    TORCH_CHECK_NOT_IMPLEMENTED(!ctx->saved_data["local"].toBool(),
-                                "flash3: the backward of a sliding window (window_size) is not "
-                                "implemented yet");
+  static int64_t window_left_of(AutogradContext* ctx) {
+    return ctx->saved_data["window_left"].toInt();
+  }
+  static int64_t window_right_of(AutogradContext* ctx) {
+    return ctx->saved_data["window_right"].toInt();
   }
   static SavedOptions of(AutogradContext* ctx) {
     const c10::IValue& scale = ctx->saved_data["softmax_scale"];
@@ -902,7 +913,8 @@ class Attention : public torch::autograd::Function<Attention> {
                          .typed<decltype(bwd_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
-    SavedOptions::refuse_window(ctx);
+    const int64_t window_left = SavedOptions::window_left_of(ctx),
+                  window_right = SavedOptions::window_right_of(ctx);
     if (ctx->saved_data["sinks_need_grad"].toBool()) {
       static auto with_sinks = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("flash3::bwd_sinks", "")
@@ -910,11 +922,12 @@ class Attention : public torch::autograd::Function<Attention> {
       auto [dq, dk, dv, dsinks] =
           with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                           ctx->saved_data["sinks"].toTensor(), o.softmax_scale, o.causal,
-                          o.deterministic);
+                          o.deterministic, window_left, window_right);
       return {dq, dk, dv, Tensor(), Tensor(), Tensor(), dsinks, Tensor(), Tensor()};
     }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
-                                o.softmax_scale, o.causal, o.deterministic);
+                                o.softmax_scale, o.causal, o.deterministic, window_left,
+                                window_right);
     return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -990,7 +1003,6 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                          .typed<decltype(bwd_varlen_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
-    SavedOptions::refuse_window(ctx);
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
@@ -998,7 +1010,8 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
         op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5], saved[6],
                 ctx->saved_data["max_seqlen_q"].toInt(),
                 o.softmax_scale, o.causal, o.deterministic,
-                optional(saved[7]), optional(saved[8]));
+                optional(saved[7]), optional(saved[8]), SavedOptions::window_left_of(ctx),
+                SavedOptions::window_right_of(ctx));
     return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -1037,10 +1050,11 @@ TORCH_LIBRARY(flash3, m) {
   m.def("fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) softmax_lse, "
         "float? softmax_scale=None, bool causal=False) -> ()");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
-        "float? softmax_scale=None, bool causal=False, bool deterministic=False) "
-        "-> (Tensor dq, Tensor dk, Tensor dv)");
+        "float? softmax_scale=None, bool causal=False, bool deterministic=False, "
+        "int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("bwd_sinks(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
-        "Tensor sinks, float? softmax_scale=None, bool causal=False, bool deterministic=False) "
+        "Tensor sinks, float? softmax_scale=None, bool causal=False, bool deterministic=False, "
+        "int window_left=-1, int window_right=-1) "
         "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def("bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, float? softmax_scale=None, "
@@ -1058,7 +1072,8 @@ TORCH_LIBRARY(flash3, m) {
   m.def("bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False, Tensor? seqused_q=None, "
-        "Tensor? seqused_k=None) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "Tensor? seqused_k=None, int window_left=-1, int window_right=-1) "
+        "-> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
         "Tensor? page_table=None, Tensor? cache_leftpad=None, int window_left=-1, "

@@ -130,6 +130,9 @@ class BackwardArgs(ctypes.Structure):
         ("deterministic", ctypes.c_int),
         ("sinks", ctypes.POINTER(ctypes.c_float)),
         ("dsinks", ctypes.POINTER(ctypes.c_float)),
+        ("window", ctypes.c_int),
+        ("window_left", ctypes.c_int),
+        ("window_right", ctypes.c_int),
     ]
 
 

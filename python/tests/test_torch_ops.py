@@ -608,11 +608,17 @@ def _attention_in_a_window(q, k, v, causal, window):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("window", [(64, 0), (100, 30), (-1, 17), (0, 0)])
 def test_sliding_window_matches_a_float32_attention(causal, window):
-    q, k, v = qkv(seqlen_q=300, seqlen_k=411)
+    q, k, v = qkv(seqlen_q=300, seqlen_k=411, requires_grad=True)
     out, lse = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
     want, want_lse = _attention_in_a_window(q, k, v, causal, window)
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = torch.autograd.grad(want, (q, k, v), g.float())
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
+    q, k, v = (x.detach() for x in (q, k, v))
     # FA3's tests pass the window as a tensor of two; varlen and the KV cache take it too.
     cu = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 411, 822], dtype=torch.int32, device="cuda")
@@ -624,11 +630,15 @@ def test_sliding_window_matches_a_float32_attention(causal, window):
 
 
 @requires_hopper
-def test_sliding_window_backward_is_not_implemented_yet():
-    q, k, v = qkv(requires_grad=True)
-    out = fai.flash_attn_func(q, k, v, window_size=(64, 0))
-    with pytest.raises(NotImplementedError, match="flash3: the backward of a sliding window"):
-        out.sum().backward()
+def test_sliding_window_deterministic_backward_repeats_and_fp8_is_refused():
+    q, k, v = qkv(seqlen_q=700, seqlen_k=900, requires_grad=True)
+    g = torch.randn_like(q)
+    grads = []
+    for _ in range(2):
+        out = fai.flash_attn_func(q, k, v, window_size=(200, 50), deterministic=True)
+        grads.append(torch.autograd.grad(out, (q, k, v), g))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
     with pytest.raises(NotImplementedError, match="window_size with float8_e4m3fn"):
         fai.flash_attn_func(*(x.detach().to(torch.float8_e4m3fn) for x in (q, k, v)), window_size=(64, 0))
 

@@ -78,6 +78,10 @@ flash3::BackwardOptions backward_options(const flash3_backward_args& args) {
   options.softmax_scale = args.softmax_scale;
   options.sinks = args.sinks;
   options.dsinks = args.dsinks;
+  if (args.window != 0) {
+    options.window_left = args.window_left;
+    options.window_right = args.window_right;
+  }
   options.deterministic = args.deterministic != 0;
   options.workspace = args.workspace;
   options.workspace_bytes = args.workspace_bytes;

@@ -202,6 +202,10 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;
   }
+  if (options.window_left < -1 || options.window_right < -1) {
+    return invalid("options.window_left, window_right = (", options.window_left, ", ",
+                   options.window_right, "): each is a key count, or -1 for unbounded");
+  }
   if (Status s = check_lse_rows(q); !s.ok()) {
     return s;
   }
@@ -346,6 +350,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   p.dv_stride = strides_of(dv);
   p.softmax_scale = resolve_softmax_scale(options.softmax_scale, p.headdim);
   p.causal = options.causal;
+  p.window_left = options.window_left;
+  p.window_right = options.window_right;
   p.deterministic = options.deterministic;
   p.sinks = options.dsinks != nullptr ? options.sinks : nullptr;
   p.dsinks = options.dsinks;

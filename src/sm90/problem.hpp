@@ -106,17 +106,23 @@ struct AttentionProblem {
   // A sliding window (FlashAttention's window_size): query row i sees keys
   // [d - window_left, d + window_right], d = i + seqlen_k - seqlen_q; -1
   // leaves that side unbounded (with causal, the right side is 0 whatever it
-  // says). Forward only so far.
+  // says).
   int window_left = -1;
   int window_right = -1;
 
   bool local() const { return window_left >= 0 || window_right >= 0; }
   // Whether the masked kernels run it (mask.cuh): causal or a window.
   bool masked() const { return causal || local(); }
-  // The masked kernels' window sides (mask.cuh: kUnbounded is INT_MAX).
-  int mask_window_left() const { return window_left < 0 ? INT_MAX : window_left; }
+  // The masked kernels' window sides (mask.cuh: kUnbounded is INT_MAX). A
+  // side of seqlen_q + seqlen_k keys or more bounds nothing, and is unbounded
+  // there: the kernels' sums of a window side and a position then stay within
+  // 32 bits (no tensor holds 2^29 keys).
+  int mask_window_left() const { return bounded(window_left) ? window_left : INT_MAX; }
   int mask_window_right() const {
-    return causal ? 0 : window_right < 0 ? INT_MAX : window_right;
+    return causal ? 0 : bounded(window_right) ? window_right : INT_MAX;
+  }
+  bool bounded(int side) const {
+    return side >= 0 && static_cast<long long>(side) < static_cast<long long>(seqlen_q) + seqlen_k;
   }
 };
 

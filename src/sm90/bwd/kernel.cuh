@@ -173,14 +173,18 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   fence_barrier_init();
   __syncthreads();
 
-  const Mask<T::kBlockM, T::kBlockN, kCausal> mask{blk.q.length, blk.seqlen_k};
-  // Dense: the kernel's parameter, not a register live across the loop.
+  const Mask<T::kBlockM, T::kBlockN, kCausal> mask{blk.q.length, blk.seqlen_k,
+                                                   args.window_left, args.window_right};
+  // Dense: the kernel's parameter, not a register live across the loop (the
+  // masked kernels: the window's, which is that without a left side).
   Mainloop<T, kCausal> mainloop{smem,
                                 args,
                                 mask,
                                 blk,
                                 mask.m_block_begin(blk.n_block),
-                                kVarlen ? mask.num_m_blocks() : args.num_m_blocks};
+                                kCausal ? mask.m_block_end(blk.n_block)
+                                : kVarlen ? mask.num_m_blocks()
+                                          : args.num_m_blocks};
   if (role != WarpRole::kConsumer) {
     registers_release<T::kProducerRegisters>();
     if (role == WarpRole::kProducer) {

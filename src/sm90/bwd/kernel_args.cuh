@@ -46,6 +46,10 @@ struct KernelArgs {
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
   bool deterministic;
+  // The masked kernels' window (mask.cuh: causal (kUnbounded, 0), or a
+  // sliding window); last, so that the fields above keep their offsets.
+  int window_left;
+  int window_right;
 };
 
 // What one CTA works on (kernel.cuh: block_of): a key block of one query

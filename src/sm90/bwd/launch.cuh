@@ -110,6 +110,8 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
   args.softmax_scale = p.softmax_scale;
   args.scale_log2 = p.softmax_scale * sm90::kLog2e;
+  args.window_left = p.mask_window_left();
+  args.window_right = p.mask_window_right();
   args.deterministic = p.deterministic;
 
   constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal, kVarlen>;
@@ -197,11 +199,11 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
 
   Status s = Status{};
   if (p.varlen_batch > 0) {
-    s = p.causal ? bwd_launch::launch_main<T, true, true>(p, w, ws, stream)
-                 : bwd_launch::launch_main<T, false, true>(p, w, ws, stream);
+    s = p.masked() ? bwd_launch::launch_main<T, true, true>(p, w, ws, stream)
+                   : bwd_launch::launch_main<T, false, true>(p, w, ws, stream);
   } else {
-    s = p.causal ? bwd_launch::launch_main<T, true, false>(p, w, ws, stream)
-                 : bwd_launch::launch_main<T, false, false>(p, w, ws, stream);
+    s = p.masked() ? bwd_launch::launch_main<T, true, false>(p, w, ws, stream)
+                   : bwd_launch::launch_main<T, false, false>(p, w, ws, stream);
   }
   if (!s.ok()) {
     return s;

@@ -117,32 +117,58 @@ FLASH3_UNROLL
   }
 
   // ---------------------------------------------------------------- backward
-  // Query blocks [m_block_begin(n_block), num_m_blocks()) hold every row that
-  // sees a key of key block n_block (none when begin >= end).
+  // Query blocks [m_block_begin(n_block), m_block_end(n_block)) hold every
+  // row that sees a key of key block n_block (none when begin >= end): key
+  // j is seen by the rows i with j - window_right <= d(i) <= j + window_left.
+  // (So key block n adds into query block m exactly when n is in
+  // [n_block_begin(m), n_block_end(m)): Mainloop::dq_turn counts on it.)
   FLASH3_HOST_DEVICE int num_m_blocks() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
   FLASH3_HOST_DEVICE int m_block_begin(int n_block) const {
-    if (!kMasked) {
+    if (!kMasked || window_right == kUnbounded) {
       return 0;
     }
-    const int first_row =
-        n_block * kBlockN - diagonal(0);  // the first row seeing its first key
+    // The first row seeing the block's first key. (A bounded side is under
+    // seqlen_q + seqlen_k: problem.hpp, mask_window_left.)
+    const int first_row = n_block * kBlockN - diagonal(0) - window_right;
     return first_row <= 0 ? 0 : first_row / kBlockM;
+  }
+  FLASH3_HOST_DEVICE int m_block_end(int n_block) const {
+    if (!kMasked || window_left == kUnbounded) {
+      return num_m_blocks();
+    }
+    // The last row seeing the block's last key.
+    const int last_row = (n_block + 1) * kBlockN - 1 - diagonal(0) + window_left;
+    return last_row < 0 ? 0 : min_of(num_m_blocks(), last_row / kBlockM + 1);
   }
 
   // Sets hidden scores of one thread's transposed accumulator (rows = keys)
   // to -inf: s[4j + e] is key `key0` (e < 2) or `key0 + 8` (e >= 2), query
   // column `col0 + 8j + (e & 1)`. Keys past seqlen_k are hidden from every
   // query (their K rows read as zero, so their scores would be 0, not -inf).
-  // (Causal only so far: the backward takes no other window.)
+  // The window's left side (a last query column per key) is a loop of its
+  // own, as in apply.
   template <int kRegs>
   FLASH3_HOST_DEVICE void apply_transposed(float (&s)[kRegs], int key0, int col0) const {
     int first_visible[2];  // the first query column (from col0) that keys key0, key0 + 8 meet
+    int last_visible[2];   // and the last (the window's left side)
 FLASH3_UNROLL
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
-      first_visible[r] = key >= seqlen_k ? INT_MAX
-                         : kMasked        ? key - diagonal(0) - col0
-                                          : INT_MIN;
+      const int column = key - diagonal(0) - col0;  // the query column of key's diagonal
+      first_visible[r] = key >= seqlen_k                                 ? INT_MAX
+                         : !kMasked || window_right == kUnbounded ? INT_MIN
+                                                                  : column - window_right;
+      last_visible[r] = column + window_left;  // used only with a bounded left side
+    }
+    if (kMasked && window_left != kUnbounded) {
+FLASH3_UNROLL
+      for (int i = 0; i < kRegs; ++i) {
+        const int offset = (i / 4) * 8 + (i & 1);
+        if (offset < first_visible[acc_row(i)] || offset > last_visible[acc_row(i)]) {
+          s[i] = -INFINITY;
+        }
+      }
+      return;
     }
 FLASH3_UNROLL
     for (int i = 0; i < kRegs; ++i) {
@@ -155,6 +181,7 @@ FLASH3_UNROLL
  private:
   FLASH3_HOST_DEVICE static int min_of(int a, int b) { return a < b ? a : b; }
   FLASH3_HOST_DEVICE static int max_of(int a, int b) { return a > b ? a : b; }
+
 };
 
 }  // namespace flash3::sm90
