@@ -150,17 +150,19 @@ FLASH3_UNROLL
   template <int kRegs>
   FLASH3_HOST_DEVICE void apply_transposed(float (&s)[kRegs], int key0, int col0) const {
     int first_visible[2];  // the first query column (from col0) that keys key0, key0 + 8 meet
-    int last_visible[2];   // and the last (the window's left side)
 FLASH3_UNROLL
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
-      const int column = key - diagonal(0) - col0;  // the query column of key's diagonal
       first_visible[r] = key >= seqlen_k                                 ? INT_MAX
                          : !kMasked || window_right == kUnbounded ? INT_MIN
-                                                                  : column - window_right;
-      last_visible[r] = column + window_left;  // used only with a bounded left side
+                                                                  : key - diagonal(0) - col0 - window_right;
     }
     if (kMasked && window_left != kUnbounded) {
+      int last_visible[2];  // and the last (the window's left side)
+FLASH3_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        last_visible[r] = key0 + 8 * r - diagonal(0) - col0 + window_left;
+      }
 FLASH3_UNROLL
       for (int i = 0; i < kRegs; ++i) {
         const int offset = (i / 4) * 8 + (i & 1);
