@@ -45,6 +45,9 @@ void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<
   if (variant.window_left < -1 || variant.window_right < -1) {
     throw std::invalid_argument("flash3::ref: window sizes are -1 (unbounded) or more");
   }
+  if (variant.attention_chunk < 0) {
+    throw std::invalid_argument("flash3::ref: attention_chunk is 0 (none) or more");
+  }
 }
 
 void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
@@ -360,6 +363,12 @@ KeyRange visible_key_range(const Shape& shape, bool causal, const Variant& varia
   }
   if (variant.window_right >= 0) {
     last = std::min(last, diagonal + variant.window_right);
+  }
+  if (variant.attention_chunk > 0) {
+    const int64_t chunk = variant.attention_chunk;
+    const int64_t start = (diagonal >= 0 ? diagonal / chunk : -((-diagonal + chunk - 1) / chunk)) * chunk;
+    first = std::max(first, start);
+    last = std::min(last, start + chunk - 1);
   }
   const int64_t end = std::clamp<int64_t>(last + 1, 0, shape.seqlen_k);
   return {static_cast<int>(std::clamp<int64_t>(first, 0, end)), static_cast<int>(end)};

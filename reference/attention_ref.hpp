@@ -46,11 +46,16 @@ int visible_keys(const Shape& shape, bool causal, int row);
 //    logit, sinks[h], that takes probability but adds no value (gpt-oss's
 //    learnable sinks); the log-sum-exp includes it, so a row that sees no
 //    key has lse sinks[h] and a zero out row.
+//  - attention_chunk > 0 (Llama 4's chunked attention, FlashAttention-3's
+//    attention_chunk): a row sees only the keys of its diagonal's chunk,
+//    [c, c + attention_chunk) with c = floor(d / attention_chunk) *
+//    attention_chunk, d = i + o; with the window and causal limits too.
 struct Variant {
   int window_left = -1;
   int window_right = -1;
   double softcap = 0.0;
   std::vector<float> sinks;
+  int attention_chunk = 0;
 };
 
 // The keys [first, end) query row `row` sees (first == end: none).

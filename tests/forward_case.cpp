@@ -77,6 +77,9 @@ std::string ForwardCase::name() const {
   if (window_left >= 0 || window_right >= 0) {
     os << "_window" << window_left << "_" << window_right;
   }
+  if (attention_chunk > 0) {
+    os << "_chunk" << attention_chunk;
+  }
   return os.str();
 }
 
@@ -264,6 +267,7 @@ ForwardOptions DeviceProblem::options() const {
   o.softmax_scale = case_.softmax_scale;
   o.window_left = case_.window_left;
   o.window_right = case_.window_right;
+  o.attention_chunk = case_.attention_chunk;
   return o;
 }
 
@@ -321,6 +325,7 @@ void expect_matches_reference(const ForwardCase& c, const Inputs& in) {
   ref::Variant variant;
   variant.window_left = c.window_left;
   variant.window_right = c.window_right;
+  variant.attention_chunk = c.attention_chunk;
   const ref::Reference want =
       ref::attention_forward(c.shape, in.q, in.k, in.v, c.resolved_scale(), c.causal, variant);
   const std::vector<float> plain = ref::attention_forward_plain(

@@ -43,6 +43,7 @@ struct ForwardCase {
   Layout layout = Layout::kContiguous;
   int window_left = -1;  // a sliding window (ForwardOptions::window_left/right); -1: unbounded
   int window_right = -1;
+  int attention_chunk = 0;  // ForwardOptions::attention_chunk; 0: none
 
   std::string name() const;  // e.g. "bf16_d128_b2_q113_k1013_h4_kv2_causal_packed"
   float resolved_scale() const;

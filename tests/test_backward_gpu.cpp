@@ -74,17 +74,22 @@ TEST_P(BackwardSweep, SlidingWindows) {
     std::pair<int, int> window;
     bool causal;
     bool deterministic;
+    int chunk = 0;  // attention_chunk
   };
   const WindowCase cases[] = {
       {{2, 300, 300, 2, 2}, {100, 50}, false, false}, {{2, 300, 300, 2, 2}, {100, 50}, true, false},
       {{2, 300, 300, 2, 2}, {0, 0}, false, false},    {{2, 300, 300, 2, 2}, {0, 0}, true, false},
       {{1, 700, 1000, 4, 2}, {-1, 30}, false, false}, {{1, 700, 1000, 4, 2}, {257, 0}, true, false},
       {{1, 1000, 500, 2, 1}, {300, -1}, false, false}, {{1, 1000, 500, 2, 1}, {300, -1}, true, false},
-      {{1, 700, 1000, 4, 2}, {200, 50}, false, true}, {{1, 1000, 500, 2, 1}, {130, 0}, true, true}};
+      {{1, 700, 1000, 4, 2}, {200, 50}, false, true}, {{1, 1000, 500, 2, 1}, {130, 0}, true, true},
+      {{2, 300, 300, 2, 2}, {-1, -1}, false, false, 100},
+      {{1, 700, 1000, 4, 2}, {-1, -1}, true, true, 256},
+      {{1, 1000, 500, 2, 1}, {300, -1}, false, false, 77}};
   for (const WindowCase& w : cases) {
     BackwardCase c = make_case(dtype, headdim, w.dims, w.causal);
     c.forward.window_left = w.window.first;
     c.forward.window_right = w.window.second;
+    c.forward.attention_chunk = w.chunk;
     c.deterministic = w.deterministic;
     SCOPED_TRACE(c.name());
     expect_gradients_match_reference(c);

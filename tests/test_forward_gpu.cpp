@@ -173,6 +173,12 @@ TEST_P(ForwardSweep, SlidingWindows) {
   }
   add(kWindowDims[1], kWindows[3]);  // the diagonal alone: rows that see no key
   add(kWindowDims[2], kWindows[1]);
+  for (const int chunk : {100, 256}) {  // attention chunks, alone and within a window
+    add(kWindowDims[1], {-1, -1});
+    cases.back().attention_chunk = chunk;
+    add(kWindowDims[2], {300, -1});
+    cases.back().attention_chunk = chunk;
+  }
   add({1, 4096, 4096, 1, 1}, {257, 0});  // long ones: one window each (the reference's time)
   add({1, 2304, 5632, 1, 1}, {100, 50});
   expect_all_match_reference(cases);

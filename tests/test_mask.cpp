@@ -28,12 +28,13 @@ struct Window {
   bool causal;
   int left;   // -1: unbounded
   int right;  // -1: unbounded
+  int chunk = 0;  // attention_chunk, 0: none
 };
 
 std::string describe(const Shape& s, const Window& w) {
   return "seqlen_q " + std::to_string(s.seqlen_q) + " seqlen_k " + std::to_string(s.seqlen_k) +
          (w.causal ? " causal" : "") + " window (" + std::to_string(w.left) + ", " +
-         std::to_string(w.right) + ")";
+         std::to_string(w.right) + ") chunk " + std::to_string(w.chunk);
 }
 
 // What the launch gives the kernels (problem.hpp: mask_window_left/right).
@@ -45,8 +46,9 @@ flash3::sm90::Mask<kBlockM, kBlockN, kMasked> mask_of(const Shape& s, const Wind
   p.causal = w.causal;
   p.window_left = w.left;
   p.window_right = w.right;
+  p.attention_chunk = w.chunk;
   EXPECT_EQ(p.masked(), kMasked);
-  return {s.seqlen_q, s.seqlen_k, p.mask_window_left(), p.mask_window_right()};
+  return {s.seqlen_q, s.seqlen_k, p.mask_window_left(), p.mask_window_right(), p.mask_chunk()};
 }
 
 template <int kBlockM, int kBlockN, bool kMasked>
@@ -54,7 +56,7 @@ void expect_mask_matches(const Shape& s, const Window& w) {
   SCOPED_TRACE(describe(s, w) + " blocks " + std::to_string(kBlockM) + "x" +
                std::to_string(kBlockN));
   const auto mask = mask_of<kBlockM, kBlockN, kMasked>(s, w);
-  const Variant variant{w.left, w.right, 0.0, {}};
+  const Variant variant{w.left, w.right, 0.0, {}, w.chunk};
   const auto seen = [&](int row) { return flash3::ref::visible_key_range(s, w.causal, variant, row); };
   const int m_blocks = (s.seqlen_q + kBlockM - 1) / kBlockM;
   const int n_blocks = (s.seqlen_k + kBlockN - 1) / kBlockN;
@@ -111,7 +113,7 @@ void expect_backward_mask_matches(const Shape& s, const Window& w) {
   SCOPED_TRACE(describe(s, w) + " blocks " + std::to_string(kBlockM) + "x" +
                std::to_string(kBlockN) + " (backward)");
   const auto mask = mask_of<kBlockM, kBlockN, kMasked>(s, w);
-  const Variant variant{w.left, w.right, 0.0, {}};
+  const Variant variant{w.left, w.right, 0.0, {}, w.chunk};
   const auto seen = [&](int row) { return flash3::ref::visible_key_range(s, w.causal, variant, row); };
   const int m_blocks = mask.num_m_blocks();
   const int n_blocks = (s.seqlen_k + kBlockN - 1) / kBlockN;
@@ -164,7 +166,7 @@ void expect_backward_mask_matches(const Shape& s, const Window& w) {
 template <int kBlockM, int kBlockN>
 void sweep_backward(unsigned seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> length(1, 500), side(-1, 300), coin(0, 1);
+  std::uniform_int_distribution<int> length(1, 500), side(-1, 300), coin(0, 1), chunk(1, 400);
   for (int trial = 0; trial < 40; ++trial) {
     Shape s;
     s.seqlen_q = length(rng);
@@ -177,6 +179,9 @@ void sweep_backward(unsigned seed) {
     }
     expect_backward_mask_matches<kBlockM, kBlockN, true>(s, w);
     expect_backward_mask_matches<kBlockM, kBlockN, true>(s, {false, 0, 0});
+    expect_backward_mask_matches<kBlockM, kBlockN, true>(s, {coin(rng) == 1, -1, -1, chunk(rng)});
+    expect_backward_mask_matches<kBlockM, kBlockN, true>(
+        s, {coin(rng) == 1, side(rng), side(rng), chunk(rng)});
     if (::testing::Test::HasFatalFailure()) {
       return;
     }
@@ -193,7 +198,7 @@ TEST(Mask, BackwardMatchesTheReferenceVisibleKeys) {
 template <int kBlockM, int kBlockN>
 void sweep(unsigned seed) {
   std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> length(1, 700), side(-1, 300), coin(0, 1);
+  std::uniform_int_distribution<int> length(1, 700), side(-1, 300), coin(0, 1), chunk(1, 400);
   for (int trial = 0; trial < 60; ++trial) {
     Shape s;
     s.seqlen_q = length(rng);
@@ -206,6 +211,9 @@ void sweep(unsigned seed) {
     }
     expect_mask_matches<kBlockM, kBlockN, true>(s, w);
     expect_mask_matches<kBlockM, kBlockN, true>(s, {coin(rng) == 1, 0, 0});  // the diagonal only
+    // attention chunks, alone or within a window (FlashAttention-3's attention_chunk)
+    expect_mask_matches<kBlockM, kBlockN, true>(s, {coin(rng) == 1, -1, -1, chunk(rng)});
+    expect_mask_matches<kBlockM, kBlockN, true>(s, {coin(rng) == 1, side(rng), side(rng), chunk(rng)});
     if (::testing::Test::HasFatalFailure()) {
       return;
     }

@@ -50,6 +50,7 @@ inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Ten
   args.window = options.window_left != -1 || options.window_right != -1 ? 1 : 0;
   args.window_left = options.window_left;
   args.window_right = options.window_right;
+  args.attention_chunk = options.attention_chunk;
   return args;
 }
 

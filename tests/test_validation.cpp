@@ -107,6 +107,8 @@ const InvalidForwardCase kCases[] = {
      Code::kInvalidArgument, "options.sinks is not 4-byte aligned"},
     {"WindowBelowMinusOne", [](HostProblem& p) { p.options.window_left = -2; },
      Code::kInvalidArgument, "options.window_left, window_right = (-2, -1)"},
+    {"NegativeChunk", [](HostProblem& p) { p.options.attention_chunk = -1; },
+     Code::kInvalidArgument, "options.attention_chunk = -1"},
     {"SinksOverlapOut",
      [](HostProblem& p) { p.options.sinks = static_cast<const float*>(p.out.data); },
      Code::kInvalidArgument, "options.sinks overlaps out"},

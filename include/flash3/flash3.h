@@ -83,6 +83,8 @@ typedef struct flash3_forward_args {
   int window;
   int window_left;
   int window_right;
+  /* flash3.hpp: ForwardOptions::attention_chunk; 0: none. */
+  int attention_chunk;
 } flash3_forward_args;
 
 /* Exact attention forward, enqueued on `stream`. */
@@ -185,10 +187,11 @@ typedef struct flash3_backward_args {
   const float* sinks;
   float* dsinks;
   /* Nonzero: the forward's sliding window (flash3_forward_args' window,
-   * window_left, window_right); zero: none. */
+   * window_left, window_right); zero: none. And its attention_chunk. */
   int window;
   int window_left;
   int window_right;
+  int attention_chunk;
 } flash3_backward_args;
 
 /* Gradients dq, dk, dv of flash3_forward, enqueued on `stream`. GQA: dk and dv

@@ -95,6 +95,11 @@ struct ForwardOptions {
   // the same window (BackwardOptions::window_left/right).
   int window_left = -1;
   int window_right = -1;
+  // FlashAttention-3's attention_chunk (Llama 4's chunked attention), 0 for
+  // none: row i sees only the keys of its diagonal's chunk, [c, c +
+  // attention_chunk) with c = floor(d / attention_chunk) * attention_chunk,
+  // within the window and the causal limit.
+  int attention_chunk = 0;
 };
 
 // Exact attention forward: out = softmax(scale * q k^T [masked]) v, per head;
@@ -247,9 +252,10 @@ struct BackwardOptions {
   const float* sinks = nullptr;
   float* dsinks = nullptr;
   // The forward's sliding window (ForwardOptions::window_left/right), -1 for
-  // an unbounded side.
+  // an unbounded side, and its attention_chunk.
   int window_left = -1;
   int window_right = -1;
+  int attention_chunk = 0;
 };
 
 // Gradients of forward(): given dout (shaped like out) and the forward's q,

@@ -191,12 +191,15 @@ struct ForwardCall {
 
   ForwardCall(const Tensor& q, const flash3::Tensor& q_d, const OnDevice& on,
               std::optional<double> softmax_scale, bool causal, int64_t window_left = -1,
-              int64_t window_right = -1)
+              int64_t window_right = -1, int64_t attention_chunk = 0)
       : workspace(forward_workspace(q, q_d, on)) {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
     options.window_left = window_side(window_left, "window_size[0]");
     options.window_right = window_side(window_right, "window_size[1]");
+    TORCH_CHECK_VALUE(attention_chunk >= 0 && attention_chunk <= INT_MAX, "flash3: attention_chunk = ",
+                      attention_chunk, ": a key count, or 0 for none");
+    options.attention_chunk = static_cast<int>(attention_chunk);
     if (workspace.defined()) {
       options.workspace = workspace.data_ptr();
       options.workspace_bytes = static_cast<size_t>(workspace.numel());
@@ -213,12 +216,15 @@ struct BackwardCall {
   Tensor workspace;
 
   BackwardCall(std::optional<double> softmax_scale, bool causal, bool deterministic,
-               int64_t window_left = -1, int64_t window_right = -1) {
+               int64_t window_left = -1, int64_t window_right = -1, int64_t attention_chunk = 0) {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
     options.deterministic = deterministic;
     options.window_left = window_side(window_left, "window_size[0]");
     options.window_right = window_side(window_right, "window_size[1]");
+    TORCH_CHECK_VALUE(attention_chunk >= 0 && attention_chunk <= INT_MAX, "flash3: attention_chunk = ",
+                      attention_chunk, ": a key count, or 0 for none");
+    options.attention_chunk = static_cast<int>(attention_chunk);
   }
   // `bytes`: backward_workspace_size's for the call, on q's device.
   void take_workspace(const Tensor& q, size_t bytes) {
@@ -284,7 +290,7 @@ const float* sinks_of(const std::optional<Tensor>& sinks, const Tensor& q,
 void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                   const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal,
                   const std::optional<Tensor>& sinks = std::nullopt, int64_t window_left = -1,
-                  int64_t window_right = -1) {
+                  int64_t window_right = -1, int64_t attention_chunk = 0) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   // In argument order (named locals: a call's arguments are evaluated in no set
@@ -292,7 +298,7 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
   float* lse = lse_of(softmax_lse, q, device);
-  ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right);
+  ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk);
   call.options.sinks = sinks_of(sinks, q, device);
   raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, call.options, on.stream));
 }
@@ -318,12 +324,12 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
                    const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const std::optional<Tensor>& sinks = std::nullopt,
                    const Tensor& dsinks = Tensor(), int64_t window_left = -1,
-                   int64_t window_right = -1) {
+                   int64_t window_right = -1, int64_t attention_chunk = 0) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   check_tensor(dout_in, "dout", device);
   const Tensor dout = tma_readable(dout_in) ? dout_in : dout_in.contiguous();
-  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right);
+  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right, attention_chunk);
   if (dsinks.defined()) {  // the sinks' gradient too (bwd_sinks)
     call.options.sinks = sinks_of(sinks, q, device);
     call.options.dsinks = dsinks.data_ptr<float>();
@@ -357,9 +363,9 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> softmax_scale, bool causal,
                                     bool /*deterministic: the backward's*/,
                                     const std::optional<Tensor>& sinks, int64_t window_left,
-                                    int64_t window_right) {
+                                    int64_t window_right, int64_t attention_chunk) {
   auto [out, lse] = forward_outputs(q);
-  forward_into(q, k, v, out, lse, softmax_scale, causal, sinks, window_left, window_right);
+  forward_into(q, k, v, out, lse, softmax_scale, causal, sinks, window_left, window_right, attention_chunk);
   return {out, lse};
 }
 
@@ -373,10 +379,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q,
                                             const Tensor& softmax_lse,
                                             std::optional<double> softmax_scale, bool causal,
                                             bool deterministic, int64_t window_left,
-                                            int64_t window_right) {
+                                            int64_t window_right, int64_t attention_chunk) {
   auto [dq, dk, dv] = backward_outputs(q, k, v);
   backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv,
-                std::nullopt, Tensor(), window_left, window_right);
+                std::nullopt, Tensor(), window_left, window_right, attention_chunk);
   return {dq, dk, dv};
 }
 
@@ -391,16 +397,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_outputs(const Tensor& q, co
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_cuda(
     const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
     const Tensor& softmax_lse, const Tensor& sinks, std::optional<double> softmax_scale,
-    bool causal, bool deterministic, int64_t window_left, int64_t window_right) {
+    bool causal, bool deterministic, int64_t window_left, int64_t window_right, int64_t attention_chunk) {
   auto [dq, dk, dv, dsinks] = bwd_sinks_outputs(q, k, v, sinks);
   backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv,
-                sinks, dsinks, window_left, window_right);
+                sinks, dsinks, window_left, window_right, attention_chunk);
   return {dq, dk, dv, dsinks};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
-    const Tensor&, const Tensor& sinks, std::optional<double>, bool, bool, int64_t, int64_t) {
+    const Tensor&, const Tensor& sinks, std::optional<double>, bool, bool, int64_t, int64_t,
+    int64_t) {
   return bwd_sinks_outputs(q, k, v, sinks);
 }
 
@@ -566,7 +573,7 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                                            const std::optional<Tensor>& seqused_q,
                                            const std::optional<Tensor>& seqused_k,
                                            bool /*deterministic: the backward's*/,
-                                           int64_t window_left, int64_t window_right) {
+                                           int64_t window_left, int64_t window_right, int64_t attention_chunk) {
   auto [out, lse] = varlen_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
@@ -586,7 +593,7 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                        v_d = describe(v4, "v", device), out_d = describe(out4, "out", device);
   const Varlen varlen =
       varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
-  const ForwardCall call(q4, q_d, on, softmax_scale, causal, window_left, window_right);
+  const ForwardCall call(q4, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk);
   raise_unless_ok(forward_varlen(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), varlen,
                                  call.options, on.stream));
   return {out, lse};
@@ -610,7 +617,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
     const Tensor& softmax_lse, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
     int64_t max_seqlen_q, std::optional<double> softmax_scale, bool causal, bool deterministic,
     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
-    int64_t window_left, int64_t window_right) {
+    int64_t window_left, int64_t window_right, int64_t attention_chunk) {
   auto [dq, dk, dv] =
       varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
   if (q.size(0) == 0 || k.size(0) == 0) {  // as fwd_varlen: nothing attends to anything
@@ -640,7 +647,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
                        dv_d = describe(dv4, "dv", device);
   const Varlen varlen =
       varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
-  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right);
+  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right, attention_chunk);
   size_t bytes = 0;
   raise_unless_ok(backward_workspace_size(q_d, k_d, varlen, call.options, &bytes));
   call.take_workspace(q, bytes);
@@ -653,7 +660,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
     const Tensor&, const Tensor&, const Tensor&, int64_t, std::optional<double>, bool, bool,
     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k, int64_t,
-    int64_t) {
+    int64_t, int64_t) {
   return varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
 }
 
@@ -661,7 +668,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const
                                            const Tensor&, const Tensor&, int64_t,
                                            std::optional<double>, bool,
                                            const std::optional<Tensor>&,
-                                           const std::optional<Tensor>&, bool, int64_t, int64_t) {
+                                           const std::optional<Tensor>&, bool, int64_t, int64_t,
+                                           int64_t) {
   return varlen_outputs(q);
 }
 
@@ -707,7 +715,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                                             std::optional<double> softmax_scale, bool causal,
                                             const std::optional<Tensor>& page_table,
                                             const std::optional<Tensor>& cache_leftpad,
-                                            int64_t window_left, int64_t window_right) {
+                                            int64_t window_left, int64_t window_right, int64_t attention_chunk) {
   auto [out, lse] = forward_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
@@ -716,7 +724,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                        out_d = describe(out, "out", device);
   const KvCache cache =
       cache_of(q, cache_seqlens, cache_batch_idx, page_table, device, cache_leftpad);
-  const ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right);
+  const ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk);
   raise_unless_ok(forward_kvcache(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), cache,
                                   call.options, on.stream));
   return {out, lse};
@@ -726,7 +734,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache_meta(const Tensor& q, const Tensor&, cons
                                             const Tensor&, const std::optional<Tensor>&,
                                             std::optional<double>, bool,
                                             const std::optional<Tensor>&,
-                                            const std::optional<Tensor>&, int64_t, int64_t) {
+                                            const std::optional<Tensor>&, int64_t, int64_t,
+                                            int64_t) {
   return forward_outputs(q);
 }
 
@@ -814,7 +823,7 @@ void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // ------------------------------------------------------------- Meta kernels
 std::tuple<Tensor, Tensor> fwd_meta(const Tensor& q, const Tensor&, const Tensor&,
                                     std::optional<double>, bool, bool,
-                                    const std::optional<Tensor>&, int64_t, int64_t) {
+                                    const std::optional<Tensor>&, int64_t, int64_t, int64_t) {
   return forward_outputs(q);
 }
 
@@ -824,7 +833,7 @@ void fwd_out_meta(const Tensor&, const Tensor&, const Tensor&, const Tensor&, co
 std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor&, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const Tensor&, const Tensor&,
                                             std::optional<double>, bool, bool, int64_t,
-                                            int64_t) {
+                                            int64_t, int64_t) {
   return backward_outputs(q, k, v);
 }
 
@@ -862,9 +871,14 @@ struct SavedOptions {
     ctx->saved_data["deterministic"] = deterministic;
   }
   // The forward's sliding window, for the backward's call.
-  static void save_window(AutogradContext* ctx, int64_t window_left, int64_t window_right) {
+  static void save_window(AutogradContext* ctx, int64_t window_left, int64_t window_right,
+                          int64_t attention_chunk) {
     ctx->saved_data["window_left"] = window_left;
     ctx->saved_data["window_right"] = window_right;
+    ctx->saved_data["attention_chunk"] = attention_chunk;
+  }
+  static int64_t chunk_of(AutogradContext* ctx) {
+    return ctx->saved_data["attention_chunk"].toInt();
   }
   static int64_t window_left_of(AutogradContext* ctx) {
     return ctx->saved_data["window_left"].toInt();
@@ -886,14 +900,14 @@ class Attention : public torch::autograd::Function<Attention> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
                                const Tensor& v, std::optional<double> softmax_scale, bool causal,
                                bool deterministic, const std::optional<Tensor>& sinks,
-                               int64_t window_left, int64_t window_right) {
+                               int64_t window_left, int64_t window_right, int64_t attention_chunk) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd", "")
                          .typed<decltype(fwd_cuda)>();
     auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic, sinks, window_left,
-                              window_right);
-    SavedOptions::save_window(ctx, window_left, window_right);
+                              window_right, attention_chunk);
+    SavedOptions::save_window(ctx, window_left, window_right, attention_chunk);
     // The lse includes the sinks, so bwd's dq, dk, dv are theirs too; with
     // sinks that require grad, bwd_sinks adds their gradient.
     const bool sinks_need_grad = sinks.has_value() && sinks->requires_grad();
@@ -914,7 +928,8 @@ class Attention : public torch::autograd::Function<Attention> {
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
     const int64_t window_left = SavedOptions::window_left_of(ctx),
-                  window_right = SavedOptions::window_right_of(ctx);
+                  window_right = SavedOptions::window_right_of(ctx),
+                  attention_chunk = SavedOptions::chunk_of(ctx);
     if (ctx->saved_data["sinks_need_grad"].toBool()) {
       static auto with_sinks = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("flash3::bwd_sinks", "")
@@ -922,13 +937,13 @@ class Attention : public torch::autograd::Function<Attention> {
       auto [dq, dk, dv, dsinks] =
           with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                           ctx->saved_data["sinks"].toTensor(), o.softmax_scale, o.causal,
-                          o.deterministic, window_left, window_right);
-      return {dq, dk, dv, Tensor(), Tensor(), Tensor(), dsinks, Tensor(), Tensor()};
+                          o.deterministic, window_left, window_right, attention_chunk);
+      return {dq, dk, dv, Tensor(), Tensor(), Tensor(), dsinks, Tensor(), Tensor(), Tensor()};
     }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                 o.softmax_scale, o.causal, o.deterministic, window_left,
-                                window_right);
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+                                window_right, attention_chunk);
+    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -979,15 +994,15 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                                std::optional<double> softmax_scale, bool causal,
                                const std::optional<Tensor>& seqused_q,
                                const std::optional<Tensor>& seqused_k, bool deterministic,
-                               int64_t window_left, int64_t window_right) {
+                               int64_t window_left, int64_t window_right, int64_t attention_chunk) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd_varlen", "")
                          .typed<decltype(fwd_varlen_cuda)>();
     auto [out, lse] = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                               causal, seqused_q, seqused_k, deterministic, window_left,
-                              window_right);
-    SavedOptions::save_window(ctx, window_left, window_right);
+                              window_right, attention_chunk);
+    SavedOptions::save_window(ctx, window_left, window_right, attention_chunk);
     // Optional tensors saved as undefined ones when absent.
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                             seqused_q.value_or(Tensor()), seqused_k.value_or(Tensor())});
@@ -1011,9 +1026,9 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                 ctx->saved_data["max_seqlen_q"].toInt(),
                 o.softmax_scale, o.causal, o.deterministic,
                 optional(saved[7]), optional(saved[8]), SavedOptions::window_left_of(ctx),
-                SavedOptions::window_right_of(ctx));
+                SavedOptions::window_right_of(ctx), SavedOptions::chunk_of(ctx));
     return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(), Tensor(),
-            Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+            Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -1024,20 +1039,20 @@ std::tuple<Tensor, Tensor> fwd_varlen_autograd(const Tensor& q, const Tensor& k,
                                                const std::optional<Tensor>& seqused_q,
                                                const std::optional<Tensor>& seqused_k,
                                                bool deterministic, int64_t window_left,
-                                               int64_t window_right) {
+                                               int64_t window_right, int64_t attention_chunk) {
   variable_list result =
       VarlenAttention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                              causal, seqused_q, seqused_k, deterministic, window_left,
-                             window_right);
+                             window_right, attention_chunk);
   return {result[0], result[1]};
 }
 
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                         std::optional<double> softmax_scale, bool causal,
                                         bool deterministic, const std::optional<Tensor>& sinks,
-                                        int64_t window_left, int64_t window_right) {
+                                        int64_t window_left, int64_t window_right, int64_t attention_chunk) {
   variable_list result = Attention::apply(q, k, v, softmax_scale, causal, deterministic, sinks,
-                                          window_left, window_right);
+                                          window_left, window_right, attention_chunk);
   return {result[0], result[1]};
 }
 
@@ -1045,16 +1060,16 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const 
 
 TORCH_LIBRARY(flash3, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-        "bool deterministic=False, Tensor? sinks=None, int window_left=-1, int window_right=-1) "
+        "bool deterministic=False, Tensor? sinks=None, int window_left=-1, int window_right=-1, int attention_chunk=0) "
         "-> (Tensor out, Tensor softmax_lse)");
   m.def("fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) softmax_lse, "
         "float? softmax_scale=None, bool causal=False) -> ()");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "float? softmax_scale=None, bool causal=False, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "int window_left=-1, int window_right=-1, int attention_chunk=0) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("bwd_sinks(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor sinks, float? softmax_scale=None, bool causal=False, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1) "
+        "int window_left=-1, int window_right=-1, int attention_chunk=0) "
         "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def("bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, float? softmax_scale=None, "
@@ -1068,16 +1083,16 @@ TORCH_LIBRARY(flash3, m) {
   m.def("fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, float? softmax_scale=None, bool causal=False, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None, bool deterministic=False, int window_left=-1, "
-        "int window_right=-1) -> (Tensor out, Tensor softmax_lse)");
+        "int window_right=-1, int attention_chunk=0) -> (Tensor out, Tensor softmax_lse)");
   m.def("bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False, Tensor? seqused_q=None, "
-        "Tensor? seqused_k=None, int window_left=-1, int window_right=-1) "
+        "Tensor? seqused_k=None, int window_left=-1, int window_right=-1, int attention_chunk=0) "
         "-> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
         "Tensor? page_table=None, Tensor? cache_leftpad=None, int window_left=-1, "
-        "int window_right=-1) -> (Tensor out, Tensor softmax_lse)");
+        "int window_right=-1, int attention_chunk=0) -> (Tensor out, Tensor softmax_lse)");
   m.def("kvcache_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
         "Tensor cache_seqlens, Tensor? cache_batch_idx=None, Tensor? page_table=None, "
         "Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=False, "

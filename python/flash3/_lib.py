@@ -50,6 +50,7 @@ class ForwardArgs(ctypes.Structure):
         ("window", ctypes.c_int),
         ("window_left", ctypes.c_int),
         ("window_right", ctypes.c_int),
+        ("attention_chunk", ctypes.c_int),
     ]
 
 
@@ -133,6 +134,7 @@ class BackwardArgs(ctypes.Structure):
         ("window", ctypes.c_int),
         ("window_left", ctypes.c_int),
         ("window_right", ctypes.c_int),
+        ("attention_chunk", ctypes.c_int),
     ]
 
 

@@ -584,8 +584,9 @@ def test_combine_edge_cases():
         ops.combine(good.cpu(), torch.randn(2, 1, 4, 2))
 
 
-def _attention_in_a_window(q, k, v, causal, window):
-    # float32 attention with FlashAttention's window_size (bottom-right aligned, -1 unbounded).
+def _attention_in_a_window(q, k, v, causal, window, chunk=0):
+    # float32 attention with FlashAttention's window_size (bottom-right aligned, -1 unbounded)
+    # and attention_chunk (a row sees only its diagonal's chunk of keys).
     group = q.shape[2] // k.shape[2]
     k, v = (x.float().repeat_interleave(group, dim=2) for x in (k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) / q.shape[-1] ** 0.5
@@ -598,6 +599,9 @@ def _attention_in_a_window(q, k, v, causal, window):
         hidden |= key < diagonal - left
     if causal or right >= 0:
         hidden |= key > diagonal + (0 if causal else right)
+    if chunk > 0:
+        start = torch.div(diagonal, chunk, rounding_mode="floor") * chunk
+        hidden |= (key < start) | (key >= start + chunk)
     scores = scores.masked_fill(hidden, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.nan_to_num(torch.softmax(scores, dim=-1))  # rows that see no key: zeros
@@ -630,6 +634,23 @@ def test_sliding_window_matches_a_float32_attention(causal, window):
 
 
 @requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window, chunk", [((-1, -1), 100), ((50, -1), 64), ((-1, -1), 5000)])
+def test_attention_chunk_matches_a_float32_attention(causal, window, chunk):
+    q, k, v = qkv(seqlen_q=300, seqlen_k=411, requires_grad=True)
+    out, lse = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, attention_chunk=chunk,
+                                   return_attn_probs=True)
+    want, want_lse = _attention_in_a_window(q, k, v, causal, window, chunk)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), g)
+    ref = torch.autograd.grad(want, (q, k, v), g.float())
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
+
+
+@requires_hopper
 def test_sliding_window_deterministic_backward_repeats_and_fp8_is_refused():
     q, k, v = qkv(seqlen_q=700, seqlen_k=900, requires_grad=True)
     g = torch.randn_like(q)
@@ -639,7 +660,7 @@ def test_sliding_window_deterministic_backward_repeats_and_fp8_is_refused():
         grads.append(torch.autograd.grad(out, (q, k, v), g))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
-    with pytest.raises(NotImplementedError, match="window_size with float8_e4m3fn"):
+    with pytest.raises(NotImplementedError, match="window_size or attention_chunk with float8_e4m3fn"):
         fai.flash_attn_func(*(x.detach().to(torch.float8_e4m3fn) for x in (q, k, v)), window_size=(64, 0))
 
 

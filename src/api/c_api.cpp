@@ -55,6 +55,7 @@ void set_window(const flash3_forward_args& args, flash3::ForwardOptions* options
     options->window_left = args.window_left;
     options->window_right = args.window_right;
   }
+  options->attention_chunk = args.attention_chunk;
 }
 template <class Args>
 void set_window(const Args&, flash3::ForwardOptions*) {}
@@ -82,6 +83,7 @@ flash3::BackwardOptions backward_options(const flash3_backward_args& args) {
     options.window_left = args.window_left;
     options.window_right = args.window_right;
   }
+  options.attention_chunk = args.attention_chunk;
   options.deterministic = args.deterministic != 0;
   options.workspace = args.workspace;
   options.workspace_bytes = args.workspace_bytes;

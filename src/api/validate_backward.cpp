@@ -206,6 +206,10 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
     return invalid("options.window_left, window_right = (", options.window_left, ", ",
                    options.window_right, "): each is a key count, or -1 for unbounded");
   }
+  if (options.attention_chunk < 0) {
+    return invalid("options.attention_chunk = ", options.attention_chunk,
+                   ": a key count, or 0 for none");
+  }
   if (Status s = check_lse_rows(q); !s.ok()) {
     return s;
   }
@@ -352,6 +356,7 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   p.causal = options.causal;
   p.window_left = options.window_left;
   p.window_right = options.window_right;
+  p.attention_chunk = options.attention_chunk;
   p.deterministic = options.deterministic;
   p.sinks = options.dsinks != nullptr ? options.sinks : nullptr;
   p.dsinks = options.dsinks;

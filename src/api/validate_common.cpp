@@ -309,6 +309,10 @@ Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardO
     return invalid("options.window_left, window_right = (", options.window_left, ", ",
                    options.window_right, "): each is a key count, or -1 for unbounded");
   }
+  if (options.attention_chunk < 0) {
+    return invalid("options.attention_chunk = ", options.attention_chunk,
+                   ": a key count, or 0 for none");
+  }
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;
   }
@@ -375,6 +379,7 @@ void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor&
   p->causal = options.causal;
   p->window_left = options.window_left;
   p->window_right = options.window_right;
+  p->attention_chunk = options.attention_chunk;
   p->workspace = options.workspace;
   p->workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
   p->sinks = options.sinks;

@@ -207,9 +207,10 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
   if (Status s = check_lse_and_options(q, softmax_lse, options, out_span); !s.ok()) {
     return s;
   }
-  if (options.window_left >= 0 || options.window_right >= 0) {
-    return unsupported("options.window_left, window_right = (", options.window_left, ", ",
-                       options.window_right, "): the FP8 forward has no sliding window yet");
+  if (options.window_left >= 0 || options.window_right >= 0 || options.attention_chunk > 0) {
+    return unsupported("options.window_left, window_right, attention_chunk = (",
+                       options.window_left, ", ", options.window_right, ", ",
+                       options.attention_chunk, "): the FP8 forward has no sliding window yet");
   }
   if (Status s = check_forward_workspace(
           options, {{"q", span_of(q)}, {"k", span_of(k)}, {"v", v_span}, {"out", out_span},

@@ -2,6 +2,7 @@
 // and the kernels' launchers (src/sm90/) read it: the layer between them.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
@@ -109,8 +110,12 @@ struct AttentionProblem {
   // says).
   int window_left = -1;
   int window_right = -1;
+  // FlashAttention-3's attention_chunk (0: none): row i sees only the keys
+  // of d's chunk, [c, c + attention_chunk), c = floor(d / attention_chunk) *
+  // attention_chunk, within the window.
+  int attention_chunk = 0;
 
-  bool local() const { return window_left >= 0 || window_right >= 0; }
+  bool local() const { return window_left >= 0 || window_right >= 0 || attention_chunk > 0; }
   // Whether the masked kernels run it (mask.cuh): causal or a window.
   bool masked() const { return causal || local(); }
   // The masked kernels' window sides (mask.cuh: kUnbounded is INT_MAX). A
@@ -120,6 +125,12 @@ struct AttentionProblem {
   int mask_window_left() const { return bounded(window_left) ? window_left : INT_MAX; }
   int mask_window_right() const {
     return causal ? 0 : bounded(window_right) ? window_right : INT_MAX;
+  }
+  // A chunk of seqlen_q + seqlen_k keys or more hides what that many does
+  // (every diagonal lies in [-seqlen_q, seqlen_k)), and keeps sums in 32 bits.
+  int mask_chunk() const {
+    const long long most = static_cast<long long>(seqlen_q) + seqlen_k;
+    return attention_chunk <= 0 ? 0 : static_cast<int>(std::min<long long>(attention_chunk, most));
   }
   bool bounded(int side) const {
     return side >= 0 && static_cast<long long>(side) < static_cast<long long>(seqlen_q) + seqlen_k;

@@ -174,7 +174,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   __syncthreads();
 
   const Mask<T::kBlockM, T::kBlockN, kCausal> mask{blk.q.length, blk.seqlen_k,
-                                                   args.window_left, args.window_right};
+                                                   args.window_left, args.window_right,
+                                                   args.chunk};
   // Dense: the kernel's parameter, not a register live across the loop (the
   // masked kernels: the window's, which is that without a left side).
   Mainloop<T, kCausal> mainloop{smem,

@@ -50,6 +50,7 @@ struct KernelArgs {
   // sliding window); last, so that the fields above keep their offsets.
   int window_left;
   int window_right;
+  int chunk;  // attention_chunk (mask.cuh), 0: none
 };
 
 // What one CTA works on (kernel.cuh: block_of): a key block of one query

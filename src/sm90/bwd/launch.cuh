@@ -112,6 +112,7 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.scale_log2 = p.softmax_scale * sm90::kLog2e;
   args.window_left = p.mask_window_left();
   args.window_right = p.mask_window_right();
+  args.chunk = p.mask_chunk();
   args.deterministic = p.deterministic;
 
   constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal, kVarlen>;

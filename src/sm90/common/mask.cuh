@@ -10,7 +10,8 @@
 // kernels' row sees keys [d - window_left, d + window_right] (within the
 // sequence). Causal is the window (unbounded, 0), the default; a sliding
 // window (FlashAttention's window_size, with or without causal) bounds
-// either side (kUnbounded: not that side).
+// either side (kUnbounded: not that side); an attention chunk keeps them
+// within d's chunk of keys as well.
 #pragma once
 
 #include <climits>
@@ -28,24 +29,51 @@ struct Mask {
   int seqlen_k;
   int window_left = kUnbounded;
   int window_right = 0;
+  int chunk = 0;  // attention_chunk: a row sees only its diagonal's chunk of keys (0: none)
 
   // The same window over other lengths (a varlen sequence's, a cache batch's).
   FLASH3_HOST_DEVICE Mask with_lengths(int q, int k) const {
-    return {q, k, window_left, window_right};
+    return {q, k, window_left, window_right, chunk};
   }
 
   FLASH3_HOST_DEVICE int diagonal(int row) const { return row + seqlen_k - seqlen_q; }
+  // The first key of position x's chunk (floor division).
+  FLASH3_HOST_DEVICE int chunk_start(int x) const {
+    return (x >= 0 ? x / chunk : -((chunk - 1 - x) / chunk)) * chunk;
+  }
+  FLASH3_HOST_DEVICE bool chunked() const { return kMasked && chunk > 0; }
+  // Whether some row's keys start after key 0 / end before the last key
+  // for a reason other than the sequence's ends.
+  FLASH3_HOST_DEVICE bool has_left() const {
+    return kMasked && (window_left != kUnbounded || chunk > 0);
+  }
+  FLASH3_HOST_DEVICE bool has_right() const {
+    return kMasked && (window_right != kUnbounded || chunk > 0);
+  }
 
   // Query row `row` sees keys [keys_begin(row), keys_end(row)) (either may
   // lie outside [0, seqlen_k]; the range is empty when end <= begin). The
   // comparisons come before the sums, so that kUnbounded never overflows.
+  // Both are non-decreasing in the row.
   FLASH3_HOST_DEVICE int keys_begin(int row) const {
     const int d = diagonal(row);
-    return kMasked && window_left < d ? d - window_left : 0;
+    const int begin = kMasked && window_left < d ? d - window_left : 0;
+    return chunked() ? max_of(begin, chunk_start(d)) : begin;
   }
   FLASH3_HOST_DEVICE int keys_end(int row) const {
     const int d = diagonal(row);
-    return kMasked && window_right < seqlen_k - d ? d + window_right + 1 : seqlen_k;
+    const int end = kMasked && window_right < seqlen_k - d ? d + window_right + 1 : seqlen_k;
+    return chunked() ? min_of(end, chunk_start(d) + chunk) : end;
+  }
+  // The diagonals of the rows that see key `key`: [first_diagonal(key),
+  // last_diagonal(key)] (only where has_right() / has_left()).
+  FLASH3_HOST_DEVICE int first_diagonal(int key) const {
+    const int first = window_right != kUnbounded ? key - window_right : INT_MIN;
+    return chunked() ? max_of(first, chunk_start(key)) : first;
+  }
+  FLASH3_HOST_DEVICE int last_diagonal(int key) const {
+    const int last = window_left != kUnbounded ? key + window_left : INT_MAX;
+    return chunked() ? min_of(last, chunk_start(key) + chunk - 1) : last;
   }
 
   // Key blocks [n_block_begin, n_block_end) hold every key any row of the
@@ -98,7 +126,7 @@ FLASH3_UNROLL
       begin[r] = keys_begin(row0 + 8 * r) - col0;
       end[r] = (kMasked ? keys_end(row0 + 8 * r) : seqlen_k) - col0;
     }
-    if (kMasked && window_left != kUnbounded) {
+    if (has_left()) {
 FLASH3_UNROLL
       for (int i = 0; i < kRegs; ++i) {
         const int offset = (i / 4) * 8 + (i & 1);
@@ -124,20 +152,20 @@ FLASH3_UNROLL
   // [n_block_begin(m), n_block_end(m)): Mainloop::dq_turn counts on it.)
   FLASH3_HOST_DEVICE int num_m_blocks() const { return (seqlen_q + kBlockM - 1) / kBlockM; }
   FLASH3_HOST_DEVICE int m_block_begin(int n_block) const {
-    if (!kMasked || window_right == kUnbounded) {
+    if (!has_right()) {
       return 0;
     }
     // The first row seeing the block's first key. (A bounded side is under
-    // seqlen_q + seqlen_k: problem.hpp, mask_window_left.)
-    const int first_row = n_block * kBlockN - diagonal(0) - window_right;
+    // seqlen_q + seqlen_k, a chunk at most that: problem.hpp.)
+    const int first_row = first_diagonal(n_block * kBlockN) - diagonal(0);
     return first_row <= 0 ? 0 : first_row / kBlockM;
   }
   FLASH3_HOST_DEVICE int m_block_end(int n_block) const {
-    if (!kMasked || window_left == kUnbounded) {
+    if (!has_left()) {
       return num_m_blocks();
     }
     // The last row seeing the block's last key.
-    const int last_row = (n_block + 1) * kBlockN - 1 - diagonal(0) + window_left;
+    const int last_row = last_diagonal((n_block + 1) * kBlockN - 1) - diagonal(0);
     return last_row < 0 ? 0 : min_of(num_m_blocks(), last_row / kBlockM + 1);
   }
 
@@ -153,15 +181,15 @@ FLASH3_UNROLL
 FLASH3_UNROLL
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
-      first_visible[r] = key >= seqlen_k                                 ? INT_MAX
-                         : !kMasked || window_right == kUnbounded ? INT_MIN
-                                                                  : key - diagonal(0) - col0 - window_right;
+      first_visible[r] = key >= seqlen_k ? INT_MAX
+                         : !has_right()   ? INT_MIN
+                                          : first_diagonal(key) - diagonal(0) - col0;
     }
-    if (kMasked && window_left != kUnbounded) {
+    if (has_left()) {
       int last_visible[2];  // and the last (the window's left side)
 FLASH3_UNROLL
       for (int r = 0; r < 2; ++r) {
-        last_visible[r] = key0 + 8 * r - diagonal(0) - col0 + window_left;
+        last_visible[r] = last_diagonal(key0 + 8 * r) - diagonal(0) - col0;
       }
 FLASH3_UNROLL
       for (int i = 0; i < kRegs; ++i) {

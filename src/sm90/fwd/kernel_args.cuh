@@ -57,6 +57,7 @@ struct KernelArgs {
   // keep their parameter offsets, and the other kernels their code.)
   int window_left;
   int window_right;
+  int chunk;  // attention_chunk (mask.cuh), 0: none
 };
 
 // Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a

@@ -154,6 +154,7 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.seqlen_k = p.seqlen_k;
   args.window_left = p.mask_window_left();
   args.window_right = p.mask_window_right();
+  args.chunk = p.mask_chunk();
   args.heads_q = p.heads_q;
   args.heads_per_kv_head = p.heads_q / p.heads_k;
   args.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
