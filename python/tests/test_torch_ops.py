@@ -608,46 +608,39 @@ def _attention_in_a_window(q, k, v, causal, window, chunk=0):
     return torch.einsum("bhqk,bkhd->bqhd", probs, v), lse.masked_fill(lse == float("-inf"), float("inf"))
 
 
-@requires_hopper
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("window", [(64, 0), (100, 30), (-1, 17), (0, 0)])
-def test_sliding_window_matches_a_float32_attention(causal, window):
-    q, k, v = qkv(seqlen_q=300, seqlen_k=411, requires_grad=True)
-    out, lse = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
-    want, want_lse = _attention_in_a_window(q, k, v, causal, window)
+def _expect_matches_float32(out, lse, want, want_lse, inputs):
+    """out and lse against a float32 attention's, and the gradients of inputs through both;
+    returns the gradient of out taken."""
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
     g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), g)
-    ref = torch.autograd.grad(want, (q, k, v), g.float())
+    got = torch.autograd.grad(out, inputs, g)
+    ref = torch.autograd.grad(want, inputs, g.float())
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
-    q, k, v = (x.detach() for x in (q, k, v))
-    # FA3's tests pass the window as a tensor of two; varlen and the KV cache take it too.
-    cu = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0, 411, 822], dtype=torch.int32, device="cuda")
-    packed = fai.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu_k, 300, 411,
-                                        causal=causal, window_size=torch.tensor(window))
-    torch.testing.assert_close(packed.view_as(out).float(), want, atol=2e-2, rtol=2e-2)
-    cached = fai.flash_attn_with_kvcache(q, k, v, cache_seqlens=411, causal=causal, window_size=window)
-    torch.testing.assert_close(cached.float(), want, atol=2e-2, rtol=2e-2)
+    return g
 
 
 @requires_hopper
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("window, chunk", [((-1, -1), 100), ((50, -1), 64), ((-1, -1), 5000)])
-def test_attention_chunk_matches_a_float32_attention(causal, window, chunk):
+@pytest.mark.parametrize("window, chunk", [((64, 0), 0), ((100, 30), 0), ((-1, 17), 0), ((0, 0), 0),
+                                           ((-1, -1), 100), ((50, -1), 64), ((-1, -1), 5000)])
+def test_sliding_window_and_chunk_match_a_float32_attention(causal, window, chunk):
     q, k, v = qkv(seqlen_q=300, seqlen_k=411, requires_grad=True)
     out, lse = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, attention_chunk=chunk,
                                    return_attn_probs=True)
     want, want_lse = _attention_in_a_window(q, k, v, causal, window, chunk)
-    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), g)
-    ref = torch.autograd.grad(want, (q, k, v), g.float())
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
+    _expect_matches_float32(out, lse, want, want_lse, (q, k, v))
+    q, k, v, want = (x.detach() for x in (q, k, v, want))
+    # FA3's tests pass the window as a tensor of two; varlen and the KV cache take it too.
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 411, 822], dtype=torch.int32, device="cuda")
+    packed = fai.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu_k, 300, 411,
+                                        causal=causal, window_size=torch.tensor(window), attention_chunk=chunk)
+    torch.testing.assert_close(packed.view_as(out).float(), want, atol=2e-2, rtol=2e-2)
+    cached = fai.flash_attn_with_kvcache(q, k, v, cache_seqlens=411, causal=causal, window_size=window,
+                                         attention_chunk=chunk)
+    torch.testing.assert_close(cached.float(), want, atol=2e-2, rtol=2e-2)
 
 
 @requires_hopper
@@ -686,13 +679,7 @@ def test_sinks_match_a_float32_attention(causal):
     sinks = torch.randn(q.shape[2], device="cuda") * 2
     out, lse = fai.flash_attn_func(q, k, v, causal=causal, sinks=sinks, return_attn_probs=True)
     want, want_lse = _attention_with_sinks(q, k, v, sinks, causal)
-    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), g)
-    ref = torch.autograd.grad(want, (q, k, v), g.float())
-    for a, b in zip(got, ref):
-        torch.testing.assert_close(a.float(), b, atol=5e-2, rtol=5e-2)
+    g = _expect_matches_float32(out, lse, want, want_lse, (q, k, v))
     # The sinks' own gradient (bwd_sinks), against the float32 attention's.
     trained = sinks.clone().requires_grad_()
     out = fai.flash_attn_func(q, k, v, causal=causal, sinks=trained)

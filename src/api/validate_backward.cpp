@@ -202,13 +202,10 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;
   }
-  if (options.window_left < -1 || options.window_right < -1) {
-    return invalid("options.window_left, window_right = (", options.window_left, ", ",
-                   options.window_right, "): each is a key count, or -1 for unbounded");
-  }
-  if (options.attention_chunk < 0) {
-    return invalid("options.attention_chunk = ", options.attention_chunk,
-                   ": a key count, or 0 for none");
+  if (Status s = check_window(options.window_left, options.window_right,
+                              options.attention_chunk);
+      !s.ok()) {
+    return s;
   }
   if (Status s = check_lse_rows(q); !s.ok()) {
     return s;
