@@ -4,7 +4,8 @@
 // hidden 2048, so heads = 2048 / headdim. Inputs are random normal, made on the GPU.
 // Each figure is the median of --iters CUDA-event timings of one flash3::forward call
 // (writing the log-sum-exp too, as the Python API does) after --warmup calls.
-// FLOPs = 4 * batch * heads * seqlen^2 * headdim, halved when causal.
+// FLOPs = 4 * batch * heads * seqlen^2 * headdim, halved when causal (with
+// --window, 4 * batch * heads * the visible scores * headdim).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -48,6 +49,9 @@ const char kUsage[] =
     "  --backward                    time flash3::backward (16-bit dtypes; FLOPs 2.5x the\n"
     "                                forward's; the workspace allocated once, outside the timing)\n"
     "  --deterministic               with --backward: deterministic mode\n"
+    "  --window LEFT                 a sliding window of LEFT keys left of the diagonal\n"
+    "                                (window_size (LEFT, -1); with --causal 1, Mistral's);\n"
+    "                                FLOPs counted on the visible scores\n"
     "  --json PATH                   also write the results as JSON\n"
     "  --commit SHA                  recorded in the JSON metadata\n"
     "exit codes: 0 every cell ran; 1 a flash3 or CUDA call failed (its row says why, the\n"
@@ -64,9 +68,21 @@ struct Options {
   bool fp8_head_scales = false;  // --fp8-scales head
   bool backward = false;         // --backward
   bool deterministic = false;    // --deterministic
+  int window_left = -1;          // --window; -1: none
   std::string json_path;
   std::string commit;
 };
+
+// Scores a (seqlen x seqlen) head sees under a window of `left` keys left of
+// the diagonal (and none right of it when causal).
+double visible_scores(int seqlen, bool causal, int left) {
+  double n = 0;
+  for (int i = 0; i < seqlen; ++i) {
+    const int first = std::max(0, i - left);
+    n += (causal ? i + 1 : seqlen) - first;
+  }
+  return n;
+}
 
 struct Record {
   flash3::DType dtype;
@@ -154,6 +170,11 @@ Options parse_options(int argc, char** argv) {
         usage_error("--fp8-scales must be block or head");
       }
       o.fp8_head_scales = value == "head";
+    } else if (flag == "--window") {
+      o.window_left = parse_int(flag, value);
+      if (o.window_left < 0) {
+        usage_error("--window must be 0 or more");
+      }
     } else if (flag == "--json") {
       o.json_path = value;
     } else if (flag == "--commit") {
@@ -422,10 +443,12 @@ int main(int argc, char** argv) {
                                tv = tensor(v, in_dtype), to = tensor(out, in_dtype);
           flash3::ForwardOptions options;
           options.causal = causal != 0;
+          options.window_left = o.window_left;
           flash3::Status s;
           if (o.backward && !fp8) {
             flash3::BackwardOptions bo;
             bo.causal = options.causal;
+            bo.window_left = o.window_left;
             bo.deterministic = o.deterministic;
             size_t need = 0;
             s = flash3::backward_workspace_size(tq, tk, bo, &need);
@@ -484,8 +507,11 @@ int main(int argc, char** argv) {
           std::printf("%-5s %5d %6d %5d %6d %5d ", dtype_name(dtype), headdim, causal, r.batch,
                       seqlen, r.heads);
           if (s) {
-            const double flops = (o.backward ? 10.0 : 4.0) * r.batch * r.heads * double(seqlen) *
-                                 seqlen * headdim / (causal ? 2 : 1);
+            const double scores = o.window_left < 0
+                                      ? double(seqlen) * seqlen / (causal ? 2 : 1)
+                                      : visible_scores(seqlen, causal != 0, o.window_left);
+            const double flops =
+                (o.backward ? 10.0 : 4.0) * r.batch * r.heads * scores * headdim;
             r.tflops = flops / (r.ms_median * 1e-3) / 1e12;
             std::printf("%10.4f %8.1f", r.ms_median, r.tflops);
             if (fp8) {
