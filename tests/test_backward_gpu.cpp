@@ -162,6 +162,15 @@ TEST_F(SanitizeBackward, Bf16D128Deterministic) {
   c.deterministic = true;
   expect_gradients_match_reference(c);
 }
+// A window and a chunk: key blocks that meet no query block, deterministic.
+TEST_F(SanitizeBackward, Fp16D64WindowChunkDeterministic) {
+  BackwardCase c = make_case(DType::kFloat16, 64, {1, 300, 500, 2, 1}, false);
+  c.forward.window_left = 40;
+  c.forward.window_right = 10;
+  c.forward.attention_chunk = 100;
+  c.deterministic = true;
+  expect_gradients_match_reference(c);
+}
 
 }  // namespace
 }  // namespace flash3::test

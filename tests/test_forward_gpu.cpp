@@ -242,6 +242,15 @@ TEST_F(SanitizeForward, Bf16D128Seqlen113Causal) {
   expect_matches_reference({DType::kBFloat16, {2, 113, 113, 2, 2, 128}, true});
 }
 
+// A window and a chunk in the masked kernels, on tiles whose rows see no key.
+TEST_F(SanitizeForward, Bf16D128WindowChunk) {
+  ForwardCase c{DType::kBFloat16, {2, 300, 200, 2, 1, 128}, false};
+  c.window_left = 30;
+  c.window_right = 0;
+  c.attention_chunk = 64;
+  expect_matches_reference(c);
+}
+
 TEST_F(SanitizeForward, Fp16D64Seqlen17) {
   expect_matches_reference({DType::kFloat16, {2, 17, 17, 2, 2, 64}, false});
 }
