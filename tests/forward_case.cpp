@@ -80,6 +80,9 @@ std::string ForwardCase::name() const {
   if (attention_chunk > 0) {
     os << "_chunk" << attention_chunk;
   }
+  if (softcap > 0.0f) {
+    os << "_softcap" << softcap;
+  }
   return os.str();
 }
 
@@ -268,6 +271,7 @@ ForwardOptions DeviceProblem::options() const {
   o.window_left = case_.window_left;
   o.window_right = case_.window_right;
   o.attention_chunk = case_.attention_chunk;
+  o.softcap = case_.softcap;
   return o;
 }
 
@@ -326,6 +330,7 @@ void expect_matches_reference(const ForwardCase& c, const Inputs& in) {
   variant.window_left = c.window_left;
   variant.window_right = c.window_right;
   variant.attention_chunk = c.attention_chunk;
+  variant.softcap = c.softcap;
   const ref::Reference want =
       ref::attention_forward(c.shape, in.q, in.k, in.v, c.resolved_scale(), c.causal, variant);
   const std::vector<float> plain = ref::attention_forward_plain(

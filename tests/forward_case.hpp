@@ -44,6 +44,7 @@ struct ForwardCase {
   int window_left = -1;  // a sliding window (ForwardOptions::window_left/right); -1: unbounded
   int window_right = -1;
   int attention_chunk = 0;  // ForwardOptions::attention_chunk; 0: none
+  float softcap = 0.0f;     // ForwardOptions::softcap; 0: none
 
   std::string name() const;  // e.g. "bf16_d128_b2_q113_k1013_h4_kv2_causal_packed"
   float resolved_scale() const;

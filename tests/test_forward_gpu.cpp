@@ -179,6 +179,12 @@ TEST_P(ForwardSweep, SlidingWindows) {
     add(kWindowDims[2], {300, -1});
     cases.back().attention_chunk = chunk;
   }
+  for (const float softcap : {5.0f, 30.0f}) {  // softcap, alone (non-causal: the masked kernels) and with a window
+    add(kWindowDims[0], {-1, -1});
+    cases.back().softcap = softcap;
+    add(kWindowDims[1], {300, -1});
+    cases.back().softcap = softcap;
+  }
   add({1, 4096, 4096, 1, 1}, {257, 0});  // long ones: one window each (the reference's time)
   add({1, 2304, 5632, 1, 1}, {100, 50});
   expect_all_match_reference(cases);

@@ -51,6 +51,7 @@ inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Ten
   args.window_left = options.window_left;
   args.window_right = options.window_right;
   args.attention_chunk = options.attention_chunk;
+  args.softcap = options.softcap;
   return args;
 }
 

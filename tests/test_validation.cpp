@@ -109,6 +109,8 @@ const InvalidForwardCase kCases[] = {
      Code::kInvalidArgument, "options.window_left, window_right = (-2, -1)"},
     {"NegativeChunk", [](HostProblem& p) { p.options.attention_chunk = -1; },
      Code::kInvalidArgument, "options.attention_chunk = -1"},
+    {"NegativeSoftcap", [](HostProblem& p) { p.options.softcap = -1.0f; },
+     Code::kInvalidArgument, "options.softcap = -1 must be finite"},
     {"SinksOverlapOut",
      [](HostProblem& p) { p.options.sinks = static_cast<const float*>(p.out.data); },
      Code::kInvalidArgument, "options.sinks overlaps out"},

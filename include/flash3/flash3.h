@@ -85,6 +85,8 @@ typedef struct flash3_forward_args {
   int window_right;
   /* flash3.hpp: ForwardOptions::attention_chunk; 0: none. */
   int attention_chunk;
+  /* flash3.hpp: ForwardOptions::softcap; 0: none. */
+  float softcap;
 } flash3_forward_args;
 
 /* Exact attention forward, enqueued on `stream`. */

@@ -100,6 +100,10 @@ struct ForwardOptions {
   // attention_chunk) with c = floor(d / attention_chunk) * attention_chunk,
   // within the window and the causal limit.
   int attention_chunk = 0;
+  // Logit softcapping (Gemma 2; FlashAttention's softcap), 0 for none: every
+  // scaled score s becomes softcap * tanh(s / softcap) before the softmax.
+  // 16-bit forward only so far (backward() has none).
+  float softcap = 0.0f;
 };
 
 // Exact attention forward: out = softmax(scale * q k^T [masked]) v, per head;

@@ -191,7 +191,8 @@ struct ForwardCall {
 
   ForwardCall(const Tensor& q, const flash3::Tensor& q_d, const OnDevice& on,
               std::optional<double> softmax_scale, bool causal, int64_t window_left = -1,
-              int64_t window_right = -1, int64_t attention_chunk = 0)
+              int64_t window_right = -1, int64_t attention_chunk = 0,
+              double softcap = 0.0)
       : workspace(forward_workspace(q, q_d, on)) {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
@@ -200,6 +201,7 @@ struct ForwardCall {
     TORCH_CHECK_VALUE(attention_chunk >= 0 && attention_chunk <= INT_MAX, "flash3: attention_chunk = ",
                       attention_chunk, ": a key count, or 0 for none");
     options.attention_chunk = static_cast<int>(attention_chunk);
+    options.softcap = static_cast<float>(softcap);
     if (workspace.defined()) {
       options.workspace = workspace.data_ptr();
       options.workspace_bytes = static_cast<size_t>(workspace.numel());
@@ -290,7 +292,8 @@ const float* sinks_of(const std::optional<Tensor>& sinks, const Tensor& q,
 void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                   const Tensor& softmax_lse, std::optional<double> softmax_scale, bool causal,
                   const std::optional<Tensor>& sinks = std::nullopt, int64_t window_left = -1,
-                  int64_t window_right = -1, int64_t attention_chunk = 0) {
+                  int64_t window_right = -1, int64_t attention_chunk = 0,
+                  double softcap = 0.0) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   // In argument order (named locals: a call's arguments are evaluated in no set
@@ -298,7 +301,8 @@ void forward_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
                        v_d = describe(v, "v", device), out_d = describe(out, "out", device);
   float* lse = lse_of(softmax_lse, q, device);
-  ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk);
+  ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk,
+                   softcap);
   call.options.sinks = sinks_of(sinks, q, device);
   raise_unless_ok(forward(q_d, k_d, v_d, out_d, lse, call.options, on.stream));
 }
@@ -363,9 +367,11 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> softmax_scale, bool causal,
                                     bool /*deterministic: the backward's*/,
                                     const std::optional<Tensor>& sinks, int64_t window_left,
-                                    int64_t window_right, int64_t attention_chunk) {
+                                    int64_t window_right, int64_t attention_chunk,
+                                    double softcap) {
   auto [out, lse] = forward_outputs(q);
-  forward_into(q, k, v, out, lse, softmax_scale, causal, sinks, window_left, window_right, attention_chunk);
+  forward_into(q, k, v, out, lse, softmax_scale, causal, sinks, window_left, window_right, attention_chunk,
+               softcap);
   return {out, lse};
 }
 
@@ -573,7 +579,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                                            const std::optional<Tensor>& seqused_q,
                                            const std::optional<Tensor>& seqused_k,
                                            bool /*deterministic: the backward's*/,
-                                           int64_t window_left, int64_t window_right, int64_t attention_chunk) {
+                                           int64_t window_left, int64_t window_right, int64_t attention_chunk,
+                                           double softcap) {
   auto [out, lse] = varlen_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
@@ -593,7 +600,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                        v_d = describe(v4, "v", device), out_d = describe(out4, "out", device);
   const Varlen varlen =
       varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
-  const ForwardCall call(q4, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk);
+  const ForwardCall call(q4, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk,
+                         softcap);
   raise_unless_ok(forward_varlen(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), varlen,
                                  call.options, on.stream));
   return {out, lse};
@@ -669,7 +677,7 @@ std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const
                                            std::optional<double>, bool,
                                            const std::optional<Tensor>&,
                                            const std::optional<Tensor>&, bool, int64_t, int64_t,
-                                           int64_t) {
+                                           int64_t, double) {
   return varlen_outputs(q);
 }
 
@@ -715,7 +723,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                                             std::optional<double> softmax_scale, bool causal,
                                             const std::optional<Tensor>& page_table,
                                             const std::optional<Tensor>& cache_leftpad,
-                                            int64_t window_left, int64_t window_right, int64_t attention_chunk) {
+                                            int64_t window_left, int64_t window_right, int64_t attention_chunk,
+                                            double softcap) {
   auto [out, lse] = forward_outputs(q);
   OnDevice on(q, "q");
   const at::Device device = q.device();
@@ -724,7 +733,8 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                        out_d = describe(out, "out", device);
   const KvCache cache =
       cache_of(q, cache_seqlens, cache_batch_idx, page_table, device, cache_leftpad);
-  const ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk);
+  const ForwardCall call(q, q_d, on, softmax_scale, causal, window_left, window_right, attention_chunk,
+                         softcap);
   raise_unless_ok(forward_kvcache(q_d, k_d, v_d, out_d, lse.data_ptr<float>(), cache,
                                   call.options, on.stream));
   return {out, lse};
@@ -735,7 +745,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_meta(const Tensor& q, const Tensor&, cons
                                             std::optional<double>, bool,
                                             const std::optional<Tensor>&,
                                             const std::optional<Tensor>&, int64_t, int64_t,
-                                            int64_t) {
+                                            int64_t, double) {
   return forward_outputs(q);
 }
 
@@ -823,7 +833,8 @@ void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // ------------------------------------------------------------- Meta kernels
 std::tuple<Tensor, Tensor> fwd_meta(const Tensor& q, const Tensor&, const Tensor&,
                                     std::optional<double>, bool, bool,
-                                    const std::optional<Tensor>&, int64_t, int64_t, int64_t) {
+                                    const std::optional<Tensor>&, int64_t, int64_t, int64_t,
+                                    double) {
   return forward_outputs(q);
 }
 
@@ -872,10 +883,16 @@ struct SavedOptions {
   }
   // The forward's sliding window, for the backward's call.
   static void save_window(AutogradContext* ctx, int64_t window_left, int64_t window_right,
-                          int64_t attention_chunk) {
+                          int64_t attention_chunk, double softcap) {
     ctx->saved_data["window_left"] = window_left;
     ctx->saved_data["window_right"] = window_right;
     ctx->saved_data["attention_chunk"] = attention_chunk;
+    ctx->saved_data["softcap"] = softcap;
+  }
+  // Softcap's backward is not implemented yet.
+  static void refuse_softcap(AutogradContext* ctx) {
+    TORCH_CHECK_NOT_IMPLEMENTED(ctx->saved_data["softcap"].toDouble() == 0.0,
+                                "flash3: the backward of softcap is not implemented yet");
   }
   static int64_t chunk_of(AutogradContext* ctx) {
     return ctx->saved_data["attention_chunk"].toInt();
@@ -900,14 +917,15 @@ class Attention : public torch::autograd::Function<Attention> {
   static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k,
                                const Tensor& v, std::optional<double> softmax_scale, bool causal,
                                bool deterministic, const std::optional<Tensor>& sinks,
-                               int64_t window_left, int64_t window_right, int64_t attention_chunk) {
+                               int64_t window_left, int64_t window_right, int64_t attention_chunk,
+                               double softcap) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd", "")
                          .typed<decltype(fwd_cuda)>();
     auto [out, lse] = op.call(q, k, v, softmax_scale, causal, deterministic, sinks, window_left,
-                              window_right, attention_chunk);
-    SavedOptions::save_window(ctx, window_left, window_right, attention_chunk);
+                              window_right, attention_chunk, softcap);
+    SavedOptions::save_window(ctx, window_left, window_right, attention_chunk, softcap);
     // The lse includes the sinks, so bwd's dq, dk, dv are theirs too; with
     // sinks that require grad, bwd_sinks adds their gradient.
     const bool sinks_need_grad = sinks.has_value() && sinks->requires_grad();
@@ -927,6 +945,7 @@ class Attention : public torch::autograd::Function<Attention> {
                          .typed<decltype(bwd_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
+    SavedOptions::refuse_softcap(ctx);
     const int64_t window_left = SavedOptions::window_left_of(ctx),
                   window_right = SavedOptions::window_right_of(ctx),
                   attention_chunk = SavedOptions::chunk_of(ctx);
@@ -938,12 +957,14 @@ class Attention : public torch::autograd::Function<Attention> {
           with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                           ctx->saved_data["sinks"].toTensor(), o.softmax_scale, o.causal,
                           o.deterministic, window_left, window_right, attention_chunk);
-      return {dq, dk, dv, Tensor(), Tensor(), Tensor(), dsinks, Tensor(), Tensor(), Tensor()};
+      return {dq,     dk,       dv,       Tensor(), Tensor(), Tensor(),
+              dsinks, Tensor(), Tensor(), Tensor(), Tensor()};
     }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                 o.softmax_scale, o.causal, o.deterministic, window_left,
                                 window_right, attention_chunk);
-    return {dq, dk, dv, Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
+    return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(),
+            Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
 
@@ -994,15 +1015,16 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                                std::optional<double> softmax_scale, bool causal,
                                const std::optional<Tensor>& seqused_q,
                                const std::optional<Tensor>& seqused_k, bool deterministic,
-                               int64_t window_left, int64_t window_right, int64_t attention_chunk) {
+                               int64_t window_left, int64_t window_right, int64_t attention_chunk,
+                               double softcap) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd_varlen", "")
                          .typed<decltype(fwd_varlen_cuda)>();
     auto [out, lse] = op.call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                               causal, seqused_q, seqused_k, deterministic, window_left,
-                              window_right, attention_chunk);
-    SavedOptions::save_window(ctx, window_left, window_right, attention_chunk);
+                              window_right, attention_chunk, softcap);
+    SavedOptions::save_window(ctx, window_left, window_right, attention_chunk, softcap);
     // Optional tensors saved as undefined ones when absent.
     ctx->save_for_backward({q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
                             seqused_q.value_or(Tensor()), seqused_k.value_or(Tensor())});
@@ -1018,6 +1040,7 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                          .typed<decltype(bwd_varlen_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
+    SavedOptions::refuse_softcap(ctx);
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
@@ -1027,7 +1050,7 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                 o.softmax_scale, o.causal, o.deterministic,
                 optional(saved[7]), optional(saved[8]), SavedOptions::window_left_of(ctx),
                 SavedOptions::window_right_of(ctx), SavedOptions::chunk_of(ctx));
-    return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(), Tensor(),
+    return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
 };
@@ -1039,20 +1062,22 @@ std::tuple<Tensor, Tensor> fwd_varlen_autograd(const Tensor& q, const Tensor& k,
                                                const std::optional<Tensor>& seqused_q,
                                                const std::optional<Tensor>& seqused_k,
                                                bool deterministic, int64_t window_left,
-                                               int64_t window_right, int64_t attention_chunk) {
+                                               int64_t window_right, int64_t attention_chunk,
+                                               double softcap) {
   variable_list result =
       VarlenAttention::apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale,
                              causal, seqused_q, seqused_k, deterministic, window_left,
-                             window_right, attention_chunk);
+                             window_right, attention_chunk, softcap);
   return {result[0], result[1]};
 }
 
 std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const Tensor& v,
                                         std::optional<double> softmax_scale, bool causal,
                                         bool deterministic, const std::optional<Tensor>& sinks,
-                                        int64_t window_left, int64_t window_right, int64_t attention_chunk) {
+                                        int64_t window_left, int64_t window_right, int64_t attention_chunk,
+                                        double softcap) {
   variable_list result = Attention::apply(q, k, v, softmax_scale, causal, deterministic, sinks,
-                                          window_left, window_right, attention_chunk);
+                                          window_left, window_right, attention_chunk, softcap);
   return {result[0], result[1]};
 }
 
@@ -1060,7 +1085,8 @@ std::tuple<Tensor, Tensor> fwd_autograd(const Tensor& q, const Tensor& k, const 
 
 TORCH_LIBRARY(flash3, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float? softmax_scale=None, bool causal=False, "
-        "bool deterministic=False, Tensor? sinks=None, int window_left=-1, int window_right=-1, int attention_chunk=0) "
+        "bool deterministic=False, Tensor? sinks=None, int window_left=-1, int window_right=-1, int attention_chunk=0, "
+        "float softcap=0.0) "
         "-> (Tensor out, Tensor softmax_lse)");
   m.def("fwd_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) softmax_lse, "
         "float? softmax_scale=None, bool causal=False) -> ()");
@@ -1083,7 +1109,8 @@ TORCH_LIBRARY(flash3, m) {
   m.def("fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, float? softmax_scale=None, bool causal=False, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None, bool deterministic=False, int window_left=-1, "
-        "int window_right=-1, int attention_chunk=0) -> (Tensor out, Tensor softmax_lse)");
+        "int window_right=-1, int attention_chunk=0, float softcap=0.0) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False, Tensor? seqused_q=None, "
@@ -1092,7 +1119,8 @@ TORCH_LIBRARY(flash3, m) {
   m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
         "Tensor? page_table=None, Tensor? cache_leftpad=None, int window_left=-1, "
-        "int window_right=-1, int attention_chunk=0) -> (Tensor out, Tensor softmax_lse)");
+        "int window_right=-1, int attention_chunk=0, float softcap=0.0) "
+        "-> (Tensor out, Tensor softmax_lse)");
   m.def("kvcache_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
         "Tensor cache_seqlens, Tensor? cache_batch_idx=None, Tensor? page_table=None, "
         "Tensor? rotary_cos=None, Tensor? rotary_sin=None, bool rotary_interleaved=False, "

@@ -51,6 +51,7 @@ class ForwardArgs(ctypes.Structure):
         ("window_left", ctypes.c_int),
         ("window_right", ctypes.c_int),
         ("attention_chunk", ctypes.c_int),
+        ("softcap", ctypes.c_float),
     ]
 
 

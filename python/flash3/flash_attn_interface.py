@@ -61,15 +61,13 @@ def _window(window_size):
     return (-1 if left is None else int(left)), (-1 if right is None else int(right))
 
 
-def _refuse_unsupported(qv, softcap, num_splits, sm_margin, softmax_scale):
+def _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale):
     """FlashAttention-3 arguments flash3 accepts only at their defaults. (pack_gqa and
     num_splits, speed hints that do not change the result, are accepted and ignored:
     flash3 packs GQA heads and splits the keys over the SMs where its planner finds it
     pays.)"""
     if qv is not None:
         raise _not_supported("qv", qv)
-    if softcap != 0.0:
-        raise _not_supported("softcap", softcap)
     if sm_margin != 0:
         raise _not_supported("sm_margin", sm_margin)
     if softmax_scale == 0.0:  # flash3 reads 0 as 1/sqrt(headdim)
@@ -176,15 +174,15 @@ def flash_attn_func(
     logit, sinks[h], in its softmax, which takes probability but adds no value (softmax_lse
     includes it). Differentiable in sinks too (dsinks, float32, the same bits every run).
     """
-    if qv is not None or softcap != 0.0 or sm_margin != 0 or softmax_scale == 0.0:
-        _refuse_unsupported(qv, softcap, num_splits, sm_margin, softmax_scale)
+    if qv is not None or sm_margin != 0 or softmax_scale == 0.0:
+        _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale)
     window_left, window_right = _window(window_size)
     _refuse_other_dv(q, v)
     if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn and sinks is not None:
         raise _not_supported("sinks with float8_e4m3fn inputs", sinks)
     if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn and \
-            ((window_left, window_right) != (-1, -1) or attention_chunk != 0):
-        raise _not_supported("window_size or attention_chunk with float8_e4m3fn inputs", window_size)
+            ((window_left, window_right) != (-1, -1) or attention_chunk != 0 or softcap != 0.0):
+        raise _not_supported("window_size, attention_chunk or softcap with float8_e4m3fn inputs", window_size)
     if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
         out, softmax_lse = ops.fwd_fp8(q, k, v, *_head_descales(q, k, q_descale, k_descale, v_descale),
                                        softmax_scale, causal, torch.bfloat16)
@@ -192,7 +190,7 @@ def flash_attn_func(
         if q_descale is not None or k_descale is not None or v_descale is not None:
             raise ValueError("flash3: q_descale, k_descale and v_descale are for float8_e4m3fn inputs only")
         out, softmax_lse = ops.fwd(q, k, v, softmax_scale, causal, deterministic, sinks, window_left, window_right,
-                                   attention_chunk)
+                                   attention_chunk, softcap)
     return (out, softmax_lse) if return_attn_probs else out
 
 
@@ -263,14 +261,14 @@ def flash_attn_varlen_func(
     and seqused_k[b] keys (out's other rows are left unwritten; their gradients are zeros).
     Returns out like q, or (out, softmax_lse (heads, total_q)) when return_attn_probs.
     Differentiable; deterministic=True makes the gradients bitwise repeatable."""
-    if qv is not None or softcap != 0.0 or sm_margin != 0 or softmax_scale == 0.0:
-        _refuse_unsupported(qv, softcap, num_splits, sm_margin, softmax_scale)
+    if qv is not None or sm_margin != 0 or softmax_scale == 0.0:
+        _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale)
     window_left, window_right = _window(window_size)
     _refuse_given(("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
     _refuse_other_dv(q, v)
     out, softmax_lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
                                       seqused_q, seqused_k, deterministic, window_left, window_right,
-                                      attention_chunk)
+                                      attention_chunk, softcap)
     return (out, softmax_lse) if return_attn_probs else out
 
 
@@ -327,8 +325,8 @@ def flash_attn_with_kvcache(
     still go to cache_seqlens[b]). scheduler_metadata (get_scheduler_metadata's) is
     accepted and unused. Not yet: varlen q (cu_seqlens_q, cu_seqlens_k_new), rotary without
     k; each raises NotImplementedError naming it."""
-    if qv is not None or softcap != 0.0 or sm_margin != 0 or softmax_scale == 0.0:
-        _refuse_unsupported(qv, softcap, num_splits, sm_margin, softmax_scale)
+    if qv is not None or sm_margin != 0 or softmax_scale == 0.0:
+        _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale)
     window_left, window_right = _window(window_size)
     _refuse_given(("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
                   ("max_seqlen_q", max_seqlen_q),
@@ -350,7 +348,7 @@ def flash_attn_with_kvcache(
             q = q_rotated
     out, softmax_lse = ops.fwd_kvcache(q, k_cache, v_cache, cache_seqlens, cache_batch_idx,
                                        softmax_scale, causal, page_table, cache_leftpad, window_left,
-                                       window_right, attention_chunk)
+                                       window_right, attention_chunk, softcap)
     return (out, softmax_lse) if return_softmax_lse else out
 
 

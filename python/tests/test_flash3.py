@@ -160,7 +160,6 @@ def test_cpu_tensors_get_a_clear_refusal():
     "name, value",
     [
         ("qv", torch.zeros(1)),
-        ("softcap", 30.0),
         ("sm_margin", 8),
         ("softmax_scale", 0.0),
     ],

@@ -584,12 +584,14 @@ def test_combine_edge_cases():
         ops.combine(good.cpu(), torch.randn(2, 1, 4, 2))
 
 
-def _attention_in_a_window(q, k, v, causal, window, chunk=0):
-    # float32 attention with FlashAttention's window_size (bottom-right aligned, -1 unbounded)
-    # and attention_chunk (a row sees only its diagonal's chunk of keys).
+def _attention_in_a_window(q, k, v, causal, window, chunk=0, softcap=0.0):
+    # float32 attention with FlashAttention's window_size (bottom-right aligned, -1 unbounded),
+    # attention_chunk (a row sees only its diagonal's chunk of keys) and softcap.
     group = q.shape[2] // k.shape[2]
     k, v = (x.float().repeat_interleave(group, dim=2) for x in (k, v))
     scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) / q.shape[-1] ** 0.5
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     sq, sk = q.shape[1], k.shape[1]
     diagonal = torch.arange(sq, device=q.device)[:, None] + sk - sq
     key = torch.arange(sk, device=q.device)[None, :]
@@ -644,6 +646,21 @@ def test_sliding_window_and_chunk_match_a_float32_attention(causal, window, chun
 
 
 @requires_hopper
+@pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (True, (100, 0))])
+def test_softcap_forward_matches_a_float32_attention(causal, window):
+    q, k, v = qkv(seqlen_q=300, seqlen_k=411)
+    q = q * 4  # scores of tens, where the cap bends them
+    out, lse = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=5.0,
+                                   return_attn_probs=True)
+    want, want_lse = _attention_in_a_window(q, k, v, causal, window, softcap=5.0)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
+    with pytest.raises(NotImplementedError, match="the backward of softcap"):
+        q.requires_grad_()
+        fai.flash_attn_func(q, k, v, causal=causal, softcap=5.0).sum().backward()
+
+
+@requires_hopper
 def test_sliding_window_deterministic_backward_repeats_and_fp8_is_refused():
     q, k, v = qkv(seqlen_q=700, seqlen_k=900, requires_grad=True)
     g = torch.randn_like(q)
@@ -653,7 +670,7 @@ def test_sliding_window_deterministic_backward_repeats_and_fp8_is_refused():
         grads.append(torch.autograd.grad(out, (q, k, v), g))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
-    with pytest.raises(NotImplementedError, match="window_size or attention_chunk with float8_e4m3fn"):
+    with pytest.raises(NotImplementedError, match="window_size, attention_chunk or softcap with float8_e4m3fn"):
         fai.flash_attn_func(*(x.detach().to(torch.float8_e4m3fn) for x in (q, k, v)), window_size=(64, 0))
 
 

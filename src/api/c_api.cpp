@@ -56,6 +56,7 @@ void set_window(const flash3_forward_args& args, flash3::ForwardOptions* options
     options->window_right = args.window_right;
   }
   options->attention_chunk = args.attention_chunk;
+  options->softcap = args.softcap;
 }
 template <class Args>
 void set_window(const Args&, flash3::ForwardOptions*) {}

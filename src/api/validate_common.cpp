@@ -321,6 +321,9 @@ Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardO
       !s.ok()) {
     return s;
   }
+  if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
+    return invalid("options.softcap = ", options.softcap, " must be finite and 0 (none) or more");
+  }
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;
   }
@@ -388,6 +391,7 @@ void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor&
   p->window_left = options.window_left;
   p->window_right = options.window_right;
   p->attention_chunk = options.attention_chunk;
+  p->softcap = options.softcap;
   p->workspace = options.workspace;
   p->workspace_bytes = options.workspace != nullptr ? options.workspace_bytes : 0;
   p->sinks = options.sinks;

@@ -207,6 +207,10 @@ Status check_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const 
   if (Status s = check_lse_and_options(q, softmax_lse, options, out_span); !s.ok()) {
     return s;
   }
+  if (options.softcap > 0.0f) {
+    return unsupported("options.softcap = ", options.softcap,
+                       ": the FP8 forward has no softcap yet");
+  }
   if (options.window_left >= 0 || options.window_right >= 0 || options.attention_chunk > 0) {
     return unsupported("options.window_left, window_right, attention_chunk = (",
                        options.window_left, ", ", options.window_right, ", ",

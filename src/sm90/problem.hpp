@@ -114,10 +114,17 @@ struct AttentionProblem {
   // of d's chunk, [c, c + attention_chunk), c = floor(d / attention_chunk) *
   // attention_chunk, within the window.
   int attention_chunk = 0;
+  // Gemma 2's logit softcapping (0: none): scores s become softcap * tanh(s /
+  // softcap). Forward only so far; the masked kernels apply it.
+  float softcap = 0.0f;
 
   bool local() const { return window_left >= 0 || window_right >= 0 || attention_chunk > 0; }
-  // Whether the masked kernels run it (mask.cuh): causal or a window.
-  bool masked() const { return causal || local(); }
+  // Whether the masked kernels run it (mask.cuh): causal, a window, or
+  // softcap (which without either is the window (unbounded, unbounded)).
+  bool masked() const { return causal || local() || softcap > 0.0f; }
+  // Whether a masked launch's tiles pair up in equal costs as causal ones do
+  // (the causal tail split's premise): causal, no window.
+  bool causal_pairs() const { return causal && !local(); }
   // The masked kernels' window sides (mask.cuh: kUnbounded is INT_MAX). A
   // side of seqlen_q + seqlen_k keys or more bounds nothing, and is unbounded
   // there: the kernels' sums of a window side and a position then stay within

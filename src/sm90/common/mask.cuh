@@ -31,9 +31,14 @@ struct Mask {
   int window_right = 0;
   int chunk = 0;  // attention_chunk: a row sees only its diagonal's chunk of keys (0: none)
 
-  // The same window over other lengths (a varlen sequence's, a cache batch's).
+  // The same window over other lengths (a varlen sequence's, a cache batch's;
+  // the unmasked kernels' own, unread, are left out).
   FLASH3_HOST_DEVICE Mask with_lengths(int q, int k) const {
-    return {q, k, window_left, window_right, chunk};
+    if constexpr (kMasked) {
+      return {q, k, window_left, window_right, chunk};
+    } else {
+      return {q, k};
+    }
   }
 
   FLASH3_HOST_DEVICE int diagonal(int row) const { return row + seqlen_k - seqlen_q; }

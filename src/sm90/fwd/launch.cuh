@@ -155,6 +155,7 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   args.window_left = p.mask_window_left();
   args.window_right = p.mask_window_right();
   args.chunk = p.mask_chunk();
+  args.softcap = p.softcap;
   args.heads_q = p.heads_q;
   args.heads_per_kv_head = p.heads_q / p.heads_k;
   args.num_m_blocks = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
@@ -194,10 +195,10 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const KernelSetup setup =
       setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);
   cudaError_t err = setup.err;
-  // (A window's tiles cost what their windows hold, not the causal pairs'
-  // equal shares: not split.)
-  const SplitSteps steps = split_steps(T::kTailSplit && !p.local(), kCausal, p.seqlen_q,
-                                       p.seqlen_k, T::kBlockM, T::kBlockN);
+  // (A window's tiles cost what their windows hold, and softcap's without
+  // causal the whole keys, not the causal pairs' equal shares: not split.)
+  const SplitSteps steps = split_steps(T::kTailSplit && (!kCausal || p.causal_pairs()), kCausal,
+                                       p.seqlen_q, p.seqlen_k, T::kBlockM, T::kBlockN);
   GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
                             setup.max_clusters, steps.split, steps.blocks);
   if (grid.tail.tail_blocks > 0) {

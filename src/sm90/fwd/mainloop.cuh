@@ -446,10 +446,25 @@ struct Mainloop {
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
     const int head_kv = args.by_kv_group.divide(tile.head);
     const int heads_kv = args.heads_q / args.heads_per_kv_head;
+    // Softcap (the masked 16-bit kernels): scores become tanh(s * scale /
+    // softcap) before the mask, and the softmax's scale softcap * log2(e).
+    const bool capped = kCausal && !T::kFp8 && args.softcap > 0.0f;
     const float q_scale_log2 =
-        args.softmax_scale * kLog2e *
-        descale(args.q_descale, tile.batch, args.heads_q, tile.head,
-                tile.m_block * kBlockM + warpgroup * kMmaM);
+        capped ? args.softcap * kLog2e
+               : args.softmax_scale * kLog2e *
+                     descale(args.q_descale, tile.batch, args.heads_q, tile.head,
+                             tile.m_block * kBlockM + warpgroup * kMmaM);
+    auto cap = [&](float(&s)[T::kSAccRegs]) {
+      if constexpr (kCausal && !T::kFp8) {
+        if (capped) {
+          const float to_tanh = args.softmax_scale / args.softcap;
+#pragma unroll
+          for (int i = 0; i < T::kSAccRegs; ++i) {
+            s[i] = accurate_tanh(s[i] * to_tanh);
+          }
+        }
+      }
+    };
     auto k_scale = [&](int n) {
       return descale(args.k_descale, tile.batch, heads_kv, head_kv, n * kBlockN);
     };
@@ -463,6 +478,7 @@ struct Mainloop {
     };
     auto block_scale = [&](int n) { return T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2; };
     auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
+      cap(s);
       mask_block(s, n);
       softmax.step(s, rescale, block_scale(n));
     };
@@ -479,6 +495,7 @@ struct Mainloop {
         return;
       }
       if (visible > 0) {
+        cap(s);
         float(&first)[kHalf] = *reinterpret_cast<float(*)[kHalf]>(&s[0]);
         mask.apply(first, row0, n * kBlockN + c.col);
         softmax.step(first, rescale, block_scale(n));
@@ -507,6 +524,7 @@ struct Mainloop {
       }
     }
     if constexpr (T::kQkAhead) {
+      static_assert(!kCausal, "the masked kernels' softcap is applied in softmax_step only");
       compute_ahead(n_begin, n_end, warpgroup, pipe, q_addr, o, o_units, softmax, v_scale,
                     mask_block, block_scale);
       return;
