@@ -67,6 +67,7 @@ Status BackwardProblem::run(cudaStream_t stream) const {
   options.window_left = case_.forward.window_left;
   options.window_right = case_.forward.window_right;
   options.attention_chunk = case_.forward.attention_chunk;
+  options.softcap = case_.forward.softcap;
   return flash3::backward(view_tensor(dout_.get(), dtype, place_.out), forward_.q(),
                           forward_.k(), forward_.v(), forward_.out(), forward_.lse(),
                           view_tensor(grads_.get(), dtype, place_.q),
@@ -123,6 +124,7 @@ void expect_gradients_match_reference(const BackwardCase& c) {
   variant.window_left = f.window_left;
   variant.window_right = f.window_right;
   variant.attention_chunk = f.attention_chunk;
+  variant.softcap = f.softcap;
   const ref::Gradients want = ref::attention_backward(f.shape, in.q, in.k, in.v, dout,
                                                       f.resolved_scale(), f.causal, variant);
   const ref::PlainGradients plain =

@@ -75,6 +75,7 @@ TEST_P(BackwardSweep, SlidingWindows) {
     bool causal;
     bool deterministic;
     int chunk = 0;  // attention_chunk
+    float softcap = 0.0f;
   };
   const WindowCase cases[] = {
       {{2, 300, 300, 2, 2}, {100, 50}, false, false}, {{2, 300, 300, 2, 2}, {100, 50}, true, false},
@@ -84,12 +85,17 @@ TEST_P(BackwardSweep, SlidingWindows) {
       {{1, 700, 1000, 4, 2}, {200, 50}, false, true}, {{1, 1000, 500, 2, 1}, {130, 0}, true, true},
       {{2, 300, 300, 2, 2}, {-1, -1}, false, false, 100},
       {{1, 700, 1000, 4, 2}, {-1, -1}, true, true, 256},
-      {{1, 1000, 500, 2, 1}, {300, -1}, false, false, 77}};
+      {{1, 1000, 500, 2, 1}, {300, -1}, false, false, 77},
+      // softcap: alone (non-causal: the masked kernels), causal, in a window
+      {{2, 300, 300, 2, 2}, {-1, -1}, false, false, 0, 1.5f},
+      {{1, 700, 1000, 4, 2}, {-1, -1}, true, true, 0, 5.0f},
+      {{1, 1000, 500, 2, 1}, {130, 0}, true, false, 0, 30.0f}};
   for (const WindowCase& w : cases) {
     BackwardCase c = make_case(dtype, headdim, w.dims, w.causal);
     c.forward.window_left = w.window.first;
     c.forward.window_right = w.window.second;
     c.forward.attention_chunk = w.chunk;
+    c.forward.softcap = w.softcap;
     c.deterministic = w.deterministic;
     SCOPED_TRACE(c.name());
     expect_gradients_match_reference(c);

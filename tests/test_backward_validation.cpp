@@ -175,6 +175,13 @@ const InvalidBackwardCase kCases[] = {
        p.options.dsinks = floats_at(p.lse_buffer.data(), 4096);
      },
      Code::kInvalidArgument, "options.dsinks overlaps options.sinks"},
+    // The masked kernels' options, as the forward's.
+    {"WindowBelowMinusOne", [](P& p) { p.options.window_right = -3; }, Code::kInvalidArgument,
+     "options.window_left, window_right = (-1, -3)"},
+    {"NegativeChunk", [](P& p) { p.options.attention_chunk = -1; }, Code::kInvalidArgument,
+     "options.attention_chunk = -1"},
+    {"InfiniteSoftcap", [](P& p) { p.options.softcap = INFINITY; }, Code::kInvalidArgument,
+     "options.softcap = inf must be finite"},
     // Each tensor on its own.
     {"NullDout", [](P& p) { p.dout.data = nullptr; }, Code::kInvalidArgument,
      "flash3::backward: dout.data is null"},

@@ -194,6 +194,7 @@ typedef struct flash3_backward_args {
   int window_left;
   int window_right;
   int attention_chunk;
+  float softcap; /* the forward's softcap; 0: none */
 } flash3_backward_args;
 
 /* Gradients dq, dk, dv of flash3_forward, enqueued on `stream`. GQA: dk and dv

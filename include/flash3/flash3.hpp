@@ -260,6 +260,8 @@ struct BackwardOptions {
   int window_left = -1;
   int window_right = -1;
   int attention_chunk = 0;
+  // The forward's softcap (ForwardOptions::softcap), 0 for none.
+  float softcap = 0.0f;
 };
 
 // Gradients of forward(): given dout (shaped like out) and the forward's q,

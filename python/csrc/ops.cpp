@@ -218,7 +218,8 @@ struct BackwardCall {
   Tensor workspace;
 
   BackwardCall(std::optional<double> softmax_scale, bool causal, bool deterministic,
-               int64_t window_left = -1, int64_t window_right = -1, int64_t attention_chunk = 0) {
+               int64_t window_left = -1, int64_t window_right = -1, int64_t attention_chunk = 0,
+               double softcap = 0.0) {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
     options.deterministic = deterministic;
@@ -227,6 +228,7 @@ struct BackwardCall {
     TORCH_CHECK_VALUE(attention_chunk >= 0 && attention_chunk <= INT_MAX, "flash3: attention_chunk = ",
                       attention_chunk, ": a key count, or 0 for none");
     options.attention_chunk = static_cast<int>(attention_chunk);
+    options.softcap = static_cast<float>(softcap);
   }
   // `bytes`: backward_workspace_size's for the call, on q's device.
   void take_workspace(const Tensor& q, size_t bytes) {
@@ -328,12 +330,13 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
                    const Tensor& dq, const Tensor& dk, const Tensor& dv,
                    const std::optional<Tensor>& sinks = std::nullopt,
                    const Tensor& dsinks = Tensor(), int64_t window_left = -1,
-                   int64_t window_right = -1, int64_t attention_chunk = 0) {
+                   int64_t window_right = -1, int64_t attention_chunk = 0, double softcap = 0.0) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
   check_tensor(dout_in, "dout", device);
   const Tensor dout = tma_readable(dout_in) ? dout_in : dout_in.contiguous();
-  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right, attention_chunk);
+  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right, attention_chunk,
+                    softcap);
   if (dsinks.defined()) {  // the sinks' gradient too (bwd_sinks)
     call.options.sinks = sinks_of(sinks, q, device);
     call.options.dsinks = dsinks.data_ptr<float>();
@@ -385,10 +388,11 @@ std::tuple<Tensor, Tensor, Tensor> bwd_cuda(const Tensor& dout, const Tensor& q,
                                             const Tensor& softmax_lse,
                                             std::optional<double> softmax_scale, bool causal,
                                             bool deterministic, int64_t window_left,
-                                            int64_t window_right, int64_t attention_chunk) {
+                                            int64_t window_right, int64_t attention_chunk,
+                                            double softcap) {
   auto [dq, dk, dv] = backward_outputs(q, k, v);
   backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv,
-                std::nullopt, Tensor(), window_left, window_right, attention_chunk);
+                std::nullopt, Tensor(), window_left, window_right, attention_chunk, softcap);
   return {dq, dk, dv};
 }
 
@@ -403,17 +407,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_outputs(const Tensor& q, co
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_cuda(
     const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
     const Tensor& softmax_lse, const Tensor& sinks, std::optional<double> softmax_scale,
-    bool causal, bool deterministic, int64_t window_left, int64_t window_right, int64_t attention_chunk) {
+    bool causal, bool deterministic, int64_t window_left, int64_t window_right, int64_t attention_chunk,
+    double softcap) {
   auto [dq, dk, dv, dsinks] = bwd_sinks_outputs(q, k, v, sinks);
   backward_into(dout, q, k, v, out, softmax_lse, softmax_scale, causal, deterministic, dq, dk, dv,
-                sinks, dsinks, window_left, window_right, attention_chunk);
+                sinks, dsinks, window_left, window_right, attention_chunk, softcap);
   return {dq, dk, dv, dsinks};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> bwd_sinks_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
     const Tensor&, const Tensor& sinks, std::optional<double>, bool, bool, int64_t, int64_t,
-    int64_t) {
+    int64_t, double) {
   return bwd_sinks_outputs(q, k, v, sinks);
 }
 
@@ -625,7 +630,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
     const Tensor& softmax_lse, const Tensor& cu_seqlens_q, const Tensor& cu_seqlens_k,
     int64_t max_seqlen_q, std::optional<double> softmax_scale, bool causal, bool deterministic,
     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k,
-    int64_t window_left, int64_t window_right, int64_t attention_chunk) {
+    int64_t window_left, int64_t window_right, int64_t attention_chunk, double softcap) {
   auto [dq, dk, dv] =
       varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
   if (q.size(0) == 0 || k.size(0) == 0) {  // as fwd_varlen: nothing attends to anything
@@ -655,7 +660,8 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
                        dv_d = describe(dv4, "dv", device);
   const Varlen varlen =
       varlen_of(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_q, seqused_k, device);
-  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right, attention_chunk);
+  BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right, attention_chunk,
+                    softcap);
   size_t bytes = 0;
   raise_unless_ok(backward_workspace_size(q_d, k_d, varlen, call.options, &bytes));
   call.take_workspace(q, bytes);
@@ -668,7 +674,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_meta(
     const Tensor&, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor&,
     const Tensor&, const Tensor&, const Tensor&, int64_t, std::optional<double>, bool, bool,
     const std::optional<Tensor>& seqused_q, const std::optional<Tensor>& seqused_k, int64_t,
-    int64_t, int64_t) {
+    int64_t, int64_t, double) {
   return varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
 }
 
@@ -844,7 +850,7 @@ void fwd_out_meta(const Tensor&, const Tensor&, const Tensor&, const Tensor&, co
 std::tuple<Tensor, Tensor, Tensor> bwd_meta(const Tensor&, const Tensor& q, const Tensor& k,
                                             const Tensor& v, const Tensor&, const Tensor&,
                                             std::optional<double>, bool, bool, int64_t,
-                                            int64_t, int64_t) {
+                                            int64_t, int64_t, double) {
   return backward_outputs(q, k, v);
 }
 
@@ -889,11 +895,7 @@ struct SavedOptions {
     ctx->saved_data["attention_chunk"] = attention_chunk;
     ctx->saved_data["softcap"] = softcap;
   }
-  // Softcap's backward is not implemented yet.
-  static void refuse_softcap(AutogradContext* ctx) {
-    TORCH_CHECK_NOT_IMPLEMENTED(ctx->saved_data["softcap"].toDouble() == 0.0,
-                                "flash3: the backward of softcap is not implemented yet");
-  }
+  static double softcap_of(AutogradContext* ctx) { return ctx->saved_data["softcap"].toDouble(); }
   static int64_t chunk_of(AutogradContext* ctx) {
     return ctx->saved_data["attention_chunk"].toInt();
   }
@@ -945,7 +947,6 @@ class Attention : public torch::autograd::Function<Attention> {
                          .typed<decltype(bwd_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
-    SavedOptions::refuse_softcap(ctx);
     const int64_t window_left = SavedOptions::window_left_of(ctx),
                   window_right = SavedOptions::window_right_of(ctx),
                   attention_chunk = SavedOptions::chunk_of(ctx);
@@ -956,13 +957,14 @@ class Attention : public torch::autograd::Function<Attention> {
       auto [dq, dk, dv, dsinks] =
           with_sinks.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                           ctx->saved_data["sinks"].toTensor(), o.softmax_scale, o.causal,
-                          o.deterministic, window_left, window_right, attention_chunk);
+                          o.deterministic, window_left, window_right, attention_chunk,
+                          SavedOptions::softcap_of(ctx));
       return {dq,     dk,       dv,       Tensor(), Tensor(), Tensor(),
               dsinks, Tensor(), Tensor(), Tensor(), Tensor()};
     }
     auto [dq, dk, dv] = op.call(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4],
                                 o.softmax_scale, o.causal, o.deterministic, window_left,
-                                window_right, attention_chunk);
+                                window_right, attention_chunk, SavedOptions::softcap_of(ctx));
     return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -1040,7 +1042,6 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                          .typed<decltype(bwd_varlen_cuda)>();
     const variable_list saved = ctx->get_saved_variables();
     const SavedOptions o = SavedOptions::of(ctx);
-    SavedOptions::refuse_softcap(ctx);
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
@@ -1049,7 +1050,8 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
                 ctx->saved_data["max_seqlen_q"].toInt(),
                 o.softmax_scale, o.causal, o.deterministic,
                 optional(saved[7]), optional(saved[8]), SavedOptions::window_left_of(ctx),
-                SavedOptions::window_right_of(ctx), SavedOptions::chunk_of(ctx));
+                SavedOptions::window_right_of(ctx), SavedOptions::chunk_of(ctx),
+                SavedOptions::softcap_of(ctx));
     return {dq,       dk,       dv,       Tensor(), Tensor(), Tensor(), Tensor(), Tensor(),
             Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor(), Tensor()};
   }
@@ -1092,10 +1094,11 @@ TORCH_LIBRARY(flash3, m) {
         "float? softmax_scale=None, bool causal=False) -> ()");
   m.def("bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "float? softmax_scale=None, bool causal=False, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1, int attention_chunk=0) -> (Tensor dq, Tensor dk, Tensor dv)");
+        "int window_left=-1, int window_right=-1, int attention_chunk=0, float softcap=0.0) "
+        "-> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("bwd_sinks(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor sinks, float? softmax_scale=None, bool causal=False, bool deterministic=False, "
-        "int window_left=-1, int window_right=-1, int attention_chunk=0) "
+        "int window_left=-1, int window_right=-1, int attention_chunk=0, float softcap=0.0) "
         "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dsinks)");
   m.def("bwd_out(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, float? softmax_scale=None, "
@@ -1114,8 +1117,8 @@ TORCH_LIBRARY(flash3, m) {
   m.def("bwd_varlen(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor softmax_lse, "
         "Tensor cu_seqlens_q, Tensor cu_seqlens_k, int max_seqlen_q, float? softmax_scale=None, "
         "bool causal=False, bool deterministic=False, Tensor? seqused_q=None, "
-        "Tensor? seqused_k=None, int window_left=-1, int window_right=-1, int attention_chunk=0) "
-        "-> (Tensor dq, Tensor dk, Tensor dv)");
+        "Tensor? seqused_k=None, int window_left=-1, int window_right=-1, int attention_chunk=0, "
+        "float softcap=0.0) -> (Tensor dq, Tensor dk, Tensor dv)");
   m.def("fwd_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cache_seqlens, "
         "Tensor? cache_batch_idx=None, float? softmax_scale=None, bool causal=False, "
         "Tensor? page_table=None, Tensor? cache_leftpad=None, int window_left=-1, "

@@ -136,6 +136,7 @@ class BackwardArgs(ctypes.Structure):
         ("window_left", ctypes.c_int),
         ("window_right", ctypes.c_int),
         ("attention_chunk", ctypes.c_int),
+        ("softcap", ctypes.c_float),
     ]
 
 

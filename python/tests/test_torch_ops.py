@@ -647,17 +647,21 @@ def test_sliding_window_and_chunk_match_a_float32_attention(causal, window, chun
 
 @requires_hopper
 @pytest.mark.parametrize("causal, window", [(False, (-1, -1)), (True, (-1, -1)), (True, (100, 0))])
-def test_softcap_forward_matches_a_float32_attention(causal, window):
-    q, k, v = qkv(seqlen_q=300, seqlen_k=411)
-    q = q * 4  # scores of tens, where the cap bends them
-    out, lse = fai.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=5.0,
+def test_softcap_matches_a_float32_attention(causal, window):
+    q, k, v = qkv(seqlen_q=300, seqlen_k=411, requires_grad=True)
+    q4 = q * 4  # scores of tens, where the cap bends them
+    out, lse = fai.flash_attn_func(q4, k, v, causal=causal, window_size=window, softcap=5.0,
                                    return_attn_probs=True)
-    want, want_lse = _attention_in_a_window(q, k, v, causal, window, softcap=5.0)
-    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-4)
-    with pytest.raises(NotImplementedError, match="the backward of softcap"):
-        q.requires_grad_()
-        fai.flash_attn_func(q, k, v, causal=causal, softcap=5.0).sum().backward()
+    want, want_lse = _attention_in_a_window(q4, k, v, causal, window, softcap=5.0)
+    g = _expect_matches_float32(out, lse, want, want_lse, (q, k, v))
+    # The varlen backward on the same sequences packed: the dense one's gradients.
+    dense = torch.autograd.grad(out, (q, k, v), g)
+    packed = fai.flash_attn_varlen_func(q4.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+                                        torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda"),
+                                        torch.tensor([0, 411, 822], dtype=torch.int32, device="cuda"),
+                                        300, 411, causal=causal, window_size=window, softcap=5.0)
+    for a, b in zip(torch.autograd.grad(packed, (q, k, v), g.flatten(0, 1)), dense):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
 
 
 @requires_hopper

@@ -85,6 +85,7 @@ flash3::BackwardOptions backward_options(const flash3_backward_args& args) {
     options.window_right = args.window_right;
   }
   options.attention_chunk = args.attention_chunk;
+  options.softcap = args.softcap;
   options.deterministic = args.deterministic != 0;
   options.workspace = args.workspace;
   options.workspace_bytes = args.workspace_bytes;

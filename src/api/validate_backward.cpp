@@ -202,9 +202,7 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;
   }
-  if (Status s = check_window(options.window_left, options.window_right,
-                              options.attention_chunk);
-      !s.ok()) {
+  if (Status s = check_mask_options(options); !s.ok()) {
     return s;
   }
   if (Status s = check_lse_rows(q); !s.ok()) {
@@ -354,6 +352,7 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   p.window_left = options.window_left;
   p.window_right = options.window_right;
   p.attention_chunk = options.attention_chunk;
+  p.softcap = options.softcap;
   p.deterministic = options.deterministic;
   p.sinks = options.dsinks != nullptr ? options.sinks : nullptr;
   p.dsinks = options.dsinks;

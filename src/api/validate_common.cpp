@@ -247,16 +247,23 @@ Status check_softmax_scale(float softmax_scale) {
   return Status{};
 }
 
-Status check_window(int window_left, int window_right, int attention_chunk) {
-  if (window_left < -1 || window_right < -1) {
-    return invalid("options.window_left, window_right = (", window_left, ", ", window_right,
-                   "): each is a key count, or -1 for unbounded");
+template <class Options>
+Status check_mask_options(const Options& options) {
+  if (options.window_left < -1 || options.window_right < -1) {
+    return invalid("options.window_left, window_right = (", options.window_left, ", ",
+                   options.window_right, "): each is a key count, or -1 for unbounded");
   }
-  if (attention_chunk < 0) {
-    return invalid("options.attention_chunk = ", attention_chunk, ": a key count, or 0 for none");
+  if (options.attention_chunk < 0) {
+    return invalid("options.attention_chunk = ", options.attention_chunk,
+                   ": a key count, or 0 for none");
+  }
+  if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
+    return invalid("options.softcap = ", options.softcap, " must be finite and 0 (none) or more");
   }
   return Status{};
 }
+template Status check_mask_options(const ForwardOptions&);
+template Status check_mask_options(const BackwardOptions&);
 
 float resolve_softmax_scale(float softmax_scale, int headdim) {
   return softmax_scale > 0.0f ? softmax_scale : 1.0f / std::sqrt(static_cast<float>(headdim));
@@ -316,13 +323,8 @@ Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardO
       }
     }
   }
-  if (Status s = check_window(options.window_left, options.window_right,
-                              options.attention_chunk);
-      !s.ok()) {
+  if (Status s = check_mask_options(options); !s.ok()) {
     return s;
-  }
-  if (!std::isfinite(options.softcap) || options.softcap < 0.0f) {
-    return invalid("options.softcap = ", options.softcap, " must be finite and 0 (none) or more");
   }
   if (Status s = check_softmax_scale(options.softmax_scale); !s.ok()) {
     return s;

@@ -131,9 +131,11 @@ Status check_batch_and_headdim_match_q(const char* name, const Tensor& t, const 
 
 // options.softmax_scale positive and finite, or 0.
 Status check_softmax_scale(float softmax_scale);
-// options.window_left, window_right -1 or more, attention_chunk 0 or more
-// (forward and backward options alike).
-Status check_window(int window_left, int window_right, int attention_chunk);
+// The masked kernels' options, forward and backward alike: window_left,
+// window_right -1 or more, attention_chunk 0 or more, softcap finite and 0
+// or more.
+template <class Options>
+Status check_mask_options(const Options& options);
 // The scale the kernels use: softmax_scale, or 1/sqrt(headdim) for 0.
 float resolve_softmax_scale(float softmax_scale, int headdim);
 // batch * heads_q rows of log-sum-exp fit the kernels' 32-bit indices.

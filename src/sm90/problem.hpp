@@ -115,7 +115,7 @@ struct AttentionProblem {
   // attention_chunk, within the window.
   int attention_chunk = 0;
   // Gemma 2's logit softcapping (0: none): scores s become softcap * tanh(s /
-  // softcap). Forward only so far; the masked kernels apply it.
+  // softcap). The masked kernels apply it, forward and backward.
   float softcap = 0.0f;
 
   bool local() const { return window_left >= 0 || window_right >= 0 || attention_chunk > 0; }

@@ -113,6 +113,7 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.window_left = p.mask_window_left();
   args.window_right = p.mask_window_right();
   args.chunk = p.mask_chunk();
+  args.softcap = p.softcap;
   args.deterministic = p.deterministic;
 
   constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal, kVarlen>;

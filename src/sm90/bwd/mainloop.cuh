@@ -7,6 +7,8 @@
 // accumulators already as the A operands of the dV and dK GEMMs:
 //   S^T = K Q^T, dP^T = V dO^T                       (both operands in smem)
 //   P^T = exp2(S^T scale log2e - LSE log2e), dS^T = P^T (dP^T - rowsum(dO O))
+//   (softcap c, the masked kernels: S^T becomes t = tanh(S^T scale / c),
+//   P^T = exp2(t c log2e - LSE log2e), and dS^T gains the factor 1 - t^2)
 //   dV += P^T dO, dK += dS^T Q                       (A from registers)
 //   dS^T -> smem; dQ_m = dS K (both warpgroups' keys; A, B in smem)
 //   dQ_m -> smem -> the dQ writer's bulk reduce-add into the fp32 workspace.
@@ -249,9 +251,20 @@ struct Mainloop {
   }
 
   // S^T -> P^T in place (masked; each column, a query, has its own
-  // log-sum-exp), and dP^T -> dS^T = P^T (dP^T - rowsum(dO O)).
+  // log-sum-exp; softcap's tanh first), and dP^T -> dS^T = P^T (dP^T -
+  // rowsum(dO O)), times softcap's slope 1 - t^2 when kSlope.
+  __device__ bool capped() const { return kCausal && args.softcap > 0.0f; }
   __device__ void probabilities(float (&s)[T::kSAccRegs], int stage, int m, int key_row0,
                                 int col) const {
+    float scale_log2 = args.scale_log2;
+    if (capped()) {
+      const float to_tanh = args.softmax_scale / args.softcap;
+#pragma unroll
+      for (int i = 0; i < T::kSAccRegs; ++i) {
+        s[i] = accurate_tanh(s[i] * to_tanh);
+      }
+      scale_log2 = args.softcap * kLog2e;
+    }
     if (mask.needs_mask(m, blk.n_block)) {
       mask.apply_transposed(s, blk.n_block * kBlockN + key_row0, m * kBlockM + col);
     }
@@ -260,18 +273,47 @@ struct Mainloop {
       const float2 lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + col]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], args.scale_log2, (e & 1) ? -lse.y : -lse.x));
+        s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], scale_log2, (e & 1) ? -lse.y : -lse.x));
       }
     }
   }
+  // Softcap's slope 1 - t^2 at a probability p = exp2(t c log2e - lse_log2):
+  // t = (log2 p + lse_log2) / (c log2e), so that t need not stay in registers
+  // until dP^T is there. p = 0 (masked, or below float's range) gives t =
+  // -inf and the slope 0.
+  __device__ float cap_slope(float p, float lse_log2) const {
+    const float t = (fast_log2(p) + lse_log2) * (1.0f / (args.softcap * kLog2e));
+    return fmaxf(1.0f - t * t, 0.0f);
+  }
+  // P^T times the slope, in place (compute_split's warpgroup 0 hands it over
+  // instead of recomputing t elsewhere).
+  __device__ void apply_cap_slope(float (&p)[T::kSAccRegs], int stage, int col) const {
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const float2 lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + col]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p[4 * j + e] *= cap_slope(p[4 * j + e], (e & 1) ? lse.y : lse.x);
+      }
+    }
+  }
+  template <bool kSlope>
   __device__ void score_gradients(const float (&p)[T::kSAccRegs], float (&dp)[T::kSAccRegs],
                                   int stage, int col) const {
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
       const float2 dsum = *reinterpret_cast<const float2*>(&smem.dpsum[stage][8 * j + col]);
+      float2 lse;
+      if constexpr (kSlope) {
+        lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + col]);
+      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        dp[4 * j + e] = p[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dsum.y : dsum.x));
+        const float pi = p[4 * j + e];
+        dp[4 * j + e] = pi * (dp[4 * j + e] - ((e & 1) ? dsum.y : dsum.x));
+        if constexpr (kSlope) {
+          dp[4 * j + e] *= cap_slope(pi, (e & 1) ? lse.y : lse.x);
+        }
       }
     }
   }
@@ -315,7 +357,11 @@ struct Mainloop {
       probabilities(s, stage, m, key_row0, c.col);
       mma_wait<0>();  // dP^T
       fence_operands(dp);
-      score_gradients(s, dp, stage, c.col);
+      if (capped()) {  // a uniform branch: two loops, the usual one unchanged
+        score_gradients<kCausal>(s, dp, stage, c.col);
+      } else {
+        score_gradients<false>(s, dp, stage, c.col);
+      }
       uint32_t p16[T::kPRegs], ds16[T::kPRegs];
 #pragma unroll
       for (int i = 0; i < T::kPRegs; ++i) {
@@ -350,6 +396,8 @@ struct Mainloop {
   // warpgroup 0's tile, dS^T; each hands its 16-bit result over in a tile
   // (two steps deep, as dS^T elsewhere), and both then take half of the head
   // dim of dV += P^T dO, dK += dS^T Q and dQ = dS K, A read from the tiles.
+  // Softcap: warpgroup 0 also hands over P^T (1 - t^2), in the dS^T tile
+  // (each warp reads its own 16 rows of it back before writing dS^T there).
   __device__ void compute_split(int warpgroup, float (&dk)[T::kDkvAccRegs],
                                 float (&dv)[T::kDkvAccRegs]) {
     const FragmentCoord c = FragmentCoord::current();
@@ -374,6 +422,14 @@ struct Mainloop {
           x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);
         }
         store_tile(x16, p_tile, key_row0);
+        if (capped()) {  // P^T (1 - t^2) for warpgroup 1, in the dS^T tile it overwrites
+          apply_cap_slope(acc, stage, c.col);
+#pragma unroll
+          for (int i = 0; i < T::kPRegs; ++i) {
+            x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);
+          }
+          store_tile(x16, ds_tile, key_row0);
+        }
         fence_view_async_shared();
         named_barrier_arrive(NamedBarrier::kBwdPReady, T::kConsumerThreads);
       } else {
@@ -381,7 +437,7 @@ struct Mainloop {
         mma_wait<0>();
         fence_operands(acc);
         named_barrier_sync(NamedBarrier::kBwdPReady, T::kConsumerThreads);
-        load_tile(x16, p_tile, key_row0);
+        load_tile(x16, capped() ? ds_tile : p_tile, key_row0);
         float p[T::kSAccRegs];
 #pragma unroll
         for (int i = 0; i < T::kPRegs; ++i) {
@@ -389,7 +445,7 @@ struct Mainloop {
           p[2 * i] = pair.x;
           p[2 * i + 1] = pair.y;
         }
-        score_gradients(p, acc, stage, c.col);
+        score_gradients<false>(p, acc, stage, c.col);
 #pragma unroll
         for (int i = 0; i < T::kPRegs; ++i) {
           x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);
