@@ -52,6 +52,9 @@ const char kUsage[] =
     "  --window LEFT                 a sliding window of LEFT keys left of the diagonal\n"
     "                                (window_size (LEFT, -1); with --causal 1, Mistral's);\n"
     "                                FLOPs counted on the visible scores\n"
+    "  --softcap C                   logit softcapping at C (16-bit dtypes)\n"
+    "  --sinks                       attention sinks (zeros) for every head (16-bit dtypes;\n"
+    "                                the backward without their gradient)\n"
     "  --json PATH                   also write the results as JSON\n"
     "  --commit SHA                  recorded in the JSON metadata\n"
     "exit codes: 0 every cell ran; 1 a flash3 or CUDA call failed (its row says why, the\n"
@@ -69,6 +72,8 @@ struct Options {
   bool backward = false;         // --backward
   bool deterministic = false;    // --deterministic
   int window_left = -1;          // --window; -1: none
+  float softcap = 0.0f;          // --softcap; 0: none
+  bool sinks = false;            // --sinks
   std::string json_path;
   std::string commit;
 };
@@ -128,8 +133,8 @@ Options parse_options(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--backward" || flag == "--deterministic") {
-      (flag == "--backward" ? o.backward : o.deterministic) = true;
+    if (flag == "--backward" || flag == "--deterministic" || flag == "--sinks") {
+      (flag == "--backward" ? o.backward : flag == "--sinks" ? o.sinks : o.deterministic) = true;
       continue;
     }
     if (flag == "--help" || flag == "-h") {
@@ -174,6 +179,12 @@ Options parse_options(int argc, char** argv) {
       o.window_left = parse_int(flag, value);
       if (o.window_left < 0) {
         usage_error("--window must be 0 or more");
+      }
+    } else if (flag == "--softcap") {
+      char* end = nullptr;
+      o.softcap = std::strtof(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0' || !(o.softcap > 0.0f)) {
+        usage_error("--softcap takes a number above 0");
       }
     } else if (flag == "--json") {
       o.json_path = value;
@@ -398,6 +409,12 @@ int main(int argc, char** argv) {
       }
     }
   }
+  float* sinks = nullptr;
+  if (o.sinks && (cudaMalloc(&sinks, max_heads * sizeof(float)) != cudaSuccess ||
+                  cudaMemset(sinks, 0, max_heads * sizeof(float)) != cudaSuccess)) {
+    std::fprintf(stderr, "flash3_bench: cannot allocate the sinks\n");
+    return kExitCallFailed;
+  }
   if (cudaMalloc(&lse, max_tokens * max_heads * sizeof(float)) != cudaSuccess ||
       cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
     std::fprintf(stderr, "flash3_bench: cannot allocate the log-sum-exp or a stream\n");
@@ -444,11 +461,14 @@ int main(int argc, char** argv) {
           flash3::ForwardOptions options;
           options.causal = causal != 0;
           options.window_left = o.window_left;
+          options.softcap = o.softcap;
+          options.sinks = sinks;
           flash3::Status s;
           if (o.backward && !fp8) {
             flash3::BackwardOptions bo;
             bo.causal = options.causal;
             bo.window_left = o.window_left;
+            bo.softcap = o.softcap;
             bo.deterministic = o.deterministic;
             size_t need = 0;
             s = flash3::backward_workspace_size(tq, tk, bo, &need);
