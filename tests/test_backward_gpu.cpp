@@ -177,6 +177,12 @@ TEST_F(SanitizeBackward, Fp16D64WindowChunkDeterministic) {
   c.deterministic = true;
   expect_gradients_match_reference(c);
 }
+// Softcap, causal, and head dim 256's split hand-over of P (1 - t^2).
+TEST_F(SanitizeBackward, Bf16D256SoftcapCausal) {
+  BackwardCase c = make_case(DType::kBFloat16, 256, {1, 200, 333, 2, 1}, true);
+  c.forward.softcap = 2.0f;
+  expect_gradients_match_reference(c);
+}
 
 }  // namespace
 }  // namespace flash3::test

@@ -256,6 +256,11 @@ TEST_F(SanitizeForward, Bf16D128WindowChunk) {
   c.attention_chunk = 64;
   expect_matches_reference(c);
 }
+TEST_F(SanitizeForward, Fp16D64Softcap) {
+  ForwardCase c{DType::kFloat16, {2, 150, 333, 2, 2, 64}, false};
+  c.softcap = 2.0f;
+  expect_matches_reference(c);
+}
 
 TEST_F(SanitizeForward, Fp16D64Seqlen17) {
   expect_matches_reference({DType::kFloat16, {2, 17, 17, 2, 2, 64}, false});
