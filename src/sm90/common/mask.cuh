@@ -57,18 +57,23 @@ struct Mask {
   }
 
   // Query row `row` sees keys [keys_begin(row), keys_end(row)) (either may
-  // lie outside [0, seqlen_k]; the range is empty when end <= begin). The
-  // comparisons come before the sums, so that kUnbounded never overflows.
-  // Both are non-decreasing in the row.
+  // lie outside [0, seqlen_k]; the range is empty when end <= begin). Both
+  // are non-decreasing in the row. No sum can overflow, whatever the
+  // compiler evaluates first: a side is clamped before it is added or
+  // subtracted. (The form `w < d ? d - w : 0` became max(d - w, 0) on the
+  // GPU, which wraps for w = kUnbounded and d < 0: tiles whose first row saw
+  // no key were skipped whole.)
   FLASH3_HOST_DEVICE int keys_begin(int row) const {
     const int d = diagonal(row);
-    const int begin = kMasked && window_left < d ? d - window_left : 0;
+    const int right_of_zero = max_of(d, 0);
+    const int begin = kMasked ? right_of_zero - min_of(window_left, right_of_zero) : 0;
     return chunked() ? max_of(begin, chunk_start(d)) : begin;
   }
   FLASH3_HOST_DEVICE int keys_end(int row) const {
-    const int d = diagonal(row);
-    const int end = kMasked && window_right < seqlen_k - d ? d + window_right + 1 : seqlen_k;
-    return chunked() ? min_of(end, chunk_start(d) + chunk) : end;
+    // seqlen_k - 1 - d = seqlen_q - 1 - row: the keys right of the diagonal.
+    const int end = kMasked ? diagonal(row) + 1 + min_of(window_right, seqlen_q - 1 - row)
+                            : seqlen_k;
+    return chunked() ? min_of(end, chunk_start(diagonal(row)) + chunk) : end;
   }
   // The diagonals of the rows that see key `key`: [first_diagonal(key),
   // last_diagonal(key)] (only where has_right() / has_left()).

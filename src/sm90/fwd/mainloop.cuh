@@ -460,7 +460,7 @@ struct Mainloop {
           const float to_tanh = args.softmax_scale / args.softcap;
 #pragma unroll
           for (int i = 0; i < T::kSAccRegs; ++i) {
-            s[i] = accurate_tanh(s[i] * to_tanh);
+            s[i] = fast_tanh(s[i] * to_tanh);
           }
         }
       }
