@@ -120,11 +120,11 @@ struct AttentionProblem {
 
   bool local() const { return window_left >= 0 || window_right >= 0 || attention_chunk > 0; }
   // Whether the masked kernels run it (mask.cuh): causal, a window, or
-  // softcap (which without either is the window (unbounded, unbounded)).
-  bool masked() const { return causal || local() || softcap > 0.0f; }
-  // Whether a masked launch's tiles pair up in equal costs as causal ones do
-  // (the causal tail split's premise): causal, no window.
-  bool causal_pairs() const { return causal && !local(); }
+  // softcap (which without either is the window (unbounded, unbounded))...
+  bool masked() const { return causal || local_kernels(); }
+  // ... and which of them: their local variants for a window, a chunk or
+  // softcap, the causal ones (which carry none of that) for causal alone.
+  bool local_kernels() const { return local() || softcap > 0.0f; }
   // The masked kernels' window sides (mask.cuh: kUnbounded is INT_MAX). A
   // side of seqlen_q + seqlen_k keys or more bounds nothing, and is unbounded
   // there: the kernels' sums of a window side and a position then stay within

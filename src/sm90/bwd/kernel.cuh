@@ -149,7 +149,8 @@ __device__ bool block_of(const KernelArgs& args, KeyBlock* blk) {
   return true;
 }
 
-template <class T, bool kCausal, bool kVarlen>
+// kLocal: the local variants of the masked kernels (mask.cuh, fwd/traits.cuh).
+template <class T, bool kCausal, bool kVarlen, bool kLocal>
 __global__ void __launch_bounds__(T::kThreads, 1)
     backward_kernel(const __grid_constant__ KernelArgs args) {
   KeyBlock blk;
@@ -173,12 +174,12 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   fence_barrier_init();
   __syncthreads();
 
-  const Mask<T::kBlockM, T::kBlockN, kCausal> mask{blk.q.length, blk.seqlen_k,
+  const Mask<T::kBlockM, T::kBlockN, kCausal, kLocal> mask{blk.q.length, blk.seqlen_k,
                                                    args.window_left, args.window_right,
                                                    args.chunk};
   // Dense: the kernel's parameter, not a register live across the loop (the
   // masked kernels: the window's, which is that without a left side).
-  Mainloop<T, kCausal> mainloop{smem,
+  Mainloop<T, kCausal, kLocal> mainloop{smem,
                                 args,
                                 mask,
                                 blk,

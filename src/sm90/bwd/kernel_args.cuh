@@ -51,7 +51,7 @@ struct KernelArgs {
   int window_left;
   int window_right;
   int chunk;  // attention_chunk (mask.cuh), 0: none
-  float softcap;  // the masked kernels' softcap (mainloop.cuh: probabilities), 0: none
+  float softcap;  // the local kernels' softcap (mainloop.cuh: probabilities), 0: none
 };
 
 // What one CTA works on (kernel.cuh: block_of): a key block of one query

@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <string>
+#include <type_traits>
 
 #include "sm90/launch.hpp"
 #include "sm90/common/stream_workspace.hpp"
@@ -68,7 +69,7 @@ inline Status workspace_of(const BackwardParams& p, size_t bytes, cudaStream_t s
   return {};
 }
 
-template <class T, bool kCausal, bool kVarlen>
+template <class T, bool kCausal, bool kVarlen, bool kLocal>
 Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w, uint8_t* ws,
                    cudaStream_t stream) {
   constexpr int kSmemBytes = sm90::bwd::shared_storage_bytes<T>();
@@ -116,7 +117,7 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.softcap = p.softcap;
   args.deterministic = p.deterministic;
 
-  constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal, kVarlen>;
+  constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal, kVarlen, kLocal>;
   const KernelSetup setup = setup_kernel<kernel, 1>(T::kThreads, kSmemBytes, p.device);
   if (setup.err != cudaSuccess) {
     return cuda_failure(p, "setting up the kernel", setup.err);
@@ -199,14 +200,15 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
         reduce);
   }
 
-  Status s = Status{};
-  if (p.varlen_batch > 0) {
-    s = p.masked() ? bwd_launch::launch_main<T, true, true>(p, w, ws, stream)
-                   : bwd_launch::launch_main<T, false, true>(p, w, ws, stream);
-  } else {
-    s = p.masked() ? bwd_launch::launch_main<T, true, false>(p, w, ws, stream)
-                   : bwd_launch::launch_main<T, false, false>(p, w, ws, stream);
-  }
+  // Causal alone, the local variants (a window, a chunk, softcap), or neither.
+  const auto main = [&](auto varlen) {
+    constexpr bool kVarlen = decltype(varlen)::value;
+    using bwd_launch::launch_main;
+    return !p.masked()          ? launch_main<T, false, kVarlen, false>(p, w, ws, stream)
+           : p.local_kernels() ? launch_main<T, true, kVarlen, true>(p, w, ws, stream)
+                               : launch_main<T, true, kVarlen, false>(p, w, ws, stream);
+  };
+  const Status s = p.varlen_batch > 0 ? main(std::true_type{}) : main(std::false_type{});
   if (!s.ok()) {
     return s;
   }

@@ -28,7 +28,7 @@
 
 namespace flash3::sm90::bwd {
 
-template <class T, bool kCausal>
+template <class T, bool kCausal, bool kLocal>
 struct Mainloop {
   using Element = typename T::Element;
   using Pipeline = PipelineState<T::kStages>;
@@ -41,7 +41,7 @@ struct Mainloop {
 
   SharedStorage<T>& smem;
   const KernelArgs& args;
-  const Mask<kBlockM, kBlockN, kCausal> mask;  // of the block's sequence
+  const Mask<kBlockM, kBlockN, kCausal, kLocal> mask;  // of the block's sequence
   const KeyBlock blk;
   int m_begin, m_end;  // the query blocks that see this key block
 
@@ -253,7 +253,7 @@ struct Mainloop {
   // S^T -> P^T in place (masked; each column, a query, has its own
   // log-sum-exp; softcap's tanh first), and dP^T -> dS^T = P^T (dP^T -
   // rowsum(dO O)), times softcap's slope 1 - t^2 when kSlope.
-  __device__ bool capped() const { return kCausal && args.softcap > 0.0f; }
+  __device__ bool capped() const { return kLocal && args.softcap > 0.0f; }
   __device__ void probabilities(float (&s)[T::kSAccRegs], int stage, int m, int key_row0,
                                 int col) const {
     float scale_log2 = args.scale_log2;
@@ -358,7 +358,7 @@ struct Mainloop {
       mma_wait<0>();  // dP^T
       fence_operands(dp);
       if (capped()) {  // a uniform branch: two loops, the usual one unchanged
-        score_gradients<kCausal>(s, dp, stage, c.col);
+        score_gradients<kLocal>(s, dp, stage, c.col);
       } else {
         score_gradients<false>(s, dp, stage, c.col);
       }

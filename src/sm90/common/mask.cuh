@@ -21,15 +21,26 @@
 
 namespace flash3::sm90 {
 
-template <int kBlockM, int kBlockN, bool kMasked>
+// kLocal: the local kernels' mask (a window, a chunk), read from the
+// members; otherwise a masked kernel's window is causal's, (kUnbounded, 0)
+// without a chunk, as constants: the causal kernels' code is the causal
+// mask's alone, whatever the members hold.
+template <int kBlockM, int kBlockN, bool kMasked, bool kLocal = kMasked>
 struct Mask {
+  static_assert(kMasked || !kLocal, "a local mask is a masked one");
   static constexpr int kUnbounded = INT_MAX;
   static constexpr bool kIsMasked = kMasked;
+  static constexpr bool kIsLocal = kLocal;
   int seqlen_q;
   int seqlen_k;
   int window_left = kUnbounded;
   int window_right = 0;
   int chunk = 0;  // attention_chunk: a row sees only its diagonal's chunk of keys (0: none)
+
+  // The window's sides and chunk as the mask reads them.
+  FLASH3_HOST_DEVICE int left() const { return kLocal ? window_left : kUnbounded; }
+  FLASH3_HOST_DEVICE int right() const { return kLocal ? window_right : 0; }
+  FLASH3_HOST_DEVICE int chunk_keys() const { return kLocal ? chunk : 0; }
 
   // The same window over other lengths (a varlen sequence's, a cache batch's;
   // the unmasked kernels' own, unread, are left out).
@@ -44,16 +55,16 @@ struct Mask {
   FLASH3_HOST_DEVICE int diagonal(int row) const { return row + seqlen_k - seqlen_q; }
   // The first key of position x's chunk (floor division).
   FLASH3_HOST_DEVICE int chunk_start(int x) const {
-    return (x >= 0 ? x / chunk : -((chunk - 1 - x) / chunk)) * chunk;
+    return (x >= 0 ? x / chunk_keys() : -((chunk_keys() - 1 - x) / chunk_keys())) * chunk_keys();
   }
-  FLASH3_HOST_DEVICE bool chunked() const { return kMasked && chunk > 0; }
+  FLASH3_HOST_DEVICE bool chunked() const { return kMasked && chunk_keys() > 0; }
   // Whether some row's keys start after key 0 / end before the last key
   // for a reason other than the sequence's ends.
   FLASH3_HOST_DEVICE bool has_left() const {
-    return kMasked && (window_left != kUnbounded || chunk > 0);
+    return kMasked && (left() != kUnbounded || chunk_keys() > 0);
   }
   FLASH3_HOST_DEVICE bool has_right() const {
-    return kMasked && (window_right != kUnbounded || chunk > 0);
+    return kMasked && (right() != kUnbounded || chunk_keys() > 0);
   }
 
   // Query row `row` sees keys [keys_begin(row), keys_end(row)) (either may
@@ -66,24 +77,24 @@ struct Mask {
   FLASH3_HOST_DEVICE int keys_begin(int row) const {
     const int d = diagonal(row);
     const int right_of_zero = max_of(d, 0);
-    const int begin = kMasked ? right_of_zero - min_of(window_left, right_of_zero) : 0;
+    const int begin = kMasked ? right_of_zero - min_of(left(), right_of_zero) : 0;
     return chunked() ? max_of(begin, chunk_start(d)) : begin;
   }
   FLASH3_HOST_DEVICE int keys_end(int row) const {
     // seqlen_k - 1 - d = seqlen_q - 1 - row: the keys right of the diagonal.
-    const int end = kMasked ? diagonal(row) + 1 + min_of(window_right, seqlen_q - 1 - row)
+    const int end = kMasked ? diagonal(row) + 1 + min_of(right(), seqlen_q - 1 - row)
                             : seqlen_k;
-    return chunked() ? min_of(end, chunk_start(diagonal(row)) + chunk) : end;
+    return chunked() ? min_of(end, chunk_start(diagonal(row)) + chunk_keys()) : end;
   }
   // The diagonals of the rows that see key `key`: [first_diagonal(key),
   // last_diagonal(key)] (only where has_right() / has_left()).
   FLASH3_HOST_DEVICE int first_diagonal(int key) const {
-    const int first = window_right != kUnbounded ? key - window_right : INT_MIN;
+    const int first = right() != kUnbounded ? key - right() : INT_MIN;
     return chunked() ? max_of(first, chunk_start(key)) : first;
   }
   FLASH3_HOST_DEVICE int last_diagonal(int key) const {
-    const int last = window_left != kUnbounded ? key + window_left : INT_MAX;
-    return chunked() ? min_of(last, chunk_start(key) + chunk - 1) : last;
+    const int last = left() != kUnbounded ? key + left() : INT_MAX;
+    return chunked() ? min_of(last, chunk_start(key) + chunk_keys() - 1) : last;
   }
 
   // Key blocks [n_block_begin, n_block_end) hold every key any row of the
@@ -157,7 +168,7 @@ FLASH3_UNROLL
   // ---------------------------------------------------------------- backward
   // Query blocks [m_block_begin(n_block), m_block_end(n_block)) hold every
   // row that sees a key of key block n_block (none when begin >= end): key
-  // j is seen by the rows i with j - window_right <= d(i) <= j + window_left.
+  // j is seen by the rows i with j - right() <= d(i) <= j + left().
   // (So key block n adds into query block m exactly when n is in
   // [n_block_begin(m), n_block_end(m)): Mainloop::dq_turn counts on it.)
   FLASH3_HOST_DEVICE int num_m_blocks() const { return (seqlen_q + kBlockM - 1) / kBlockM; }

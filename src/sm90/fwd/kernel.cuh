@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     __syncthreads();
   }
 
-  const Mask<T::kBlockM, T::kBlockN, kCausal> mask{args.seqlen_q, args.seqlen_k,
+  const Mask<T::kBlockM, T::kBlockN, kCausal, T::kLocal> mask{args.seqlen_q, args.seqlen_k,
                                                    args.window_left, args.window_right,
                                                    args.chunk};
   const TileScheduler tiles{args.num_m_blocks, args.heads_q, args.by_m_blocks, args.by_heads_q,

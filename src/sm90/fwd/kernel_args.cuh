@@ -58,7 +58,7 @@ struct KernelArgs {
   int window_left;
   int window_right;
   int chunk;  // attention_chunk (mask.cuh), 0: none
-  float softcap;  // the masked kernels' softcap (Mainloop::compute), 0: none
+  float softcap;  // the local kernels' softcap (Mainloop::compute), 0: none
 };
 
 // Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a

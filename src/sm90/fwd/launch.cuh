@@ -195,9 +195,9 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const KernelSetup setup =
       setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);
   cudaError_t err = setup.err;
-  // (A window's tiles cost what their windows hold, and softcap's without
-  // causal the whole keys, not the causal pairs' equal shares: not split.)
-  const SplitSteps steps = split_steps(T::kTailSplit && (!kCausal || p.causal_pairs()), kCausal,
+  // (The local kernels' tiles cost what their windows hold, not the causal
+  // pairs' equal shares: not split.)
+  const SplitSteps steps = split_steps(T::kTailSplit && !T::kLocal, kCausal,
                                        p.seqlen_q, p.seqlen_k, T::kBlockM, T::kBlockN);
   GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
                             setup.max_clusters, steps.split, steps.blocks);
@@ -241,18 +241,19 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   return {};
 }
 
-// The kernel of one causality: KV-cache launches their one variant;
-// decode-shaped non-causal launches (decode.hpp) a variant with the tail
-// split (the long one where it has it); else the short-sequence variant
-// (traits.cuh) up to kShortMaxSeqlen, where the head dim has one.
+// The kernel of one causality (kLocal: the masked kernels' local variants,
+// traits.cuh): KV-cache launches their one variant; decode-shaped
+// non-causal launches (decode.hpp) a variant with the tail split (the long
+// one where it has it); else the short-sequence variant (traits.cuh) up to
+// kShortMaxSeqlen, where the head dim has one.
 template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType,
-          sm90::fwd::Sequences kSequences = sm90::fwd::Sequences::kDense>
+          sm90::fwd::Sequences kSequences = sm90::fwd::Sequences::kDense, bool kLocal = false>
 Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
   using sm90::fwd::Sequences;
   using sm90::fwd::Traits;
   constexpr bool kVarlen = kSequences == Sequences::kVarlen;
   if constexpr (kSequences == Sequences::kKvCache) {
-    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences>,
+    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences, kLocal>,
                           kCausal>(p, stream);
   } else {
     if constexpr (!kCausal && !kVarlen) {
@@ -270,19 +271,23 @@ Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
         sm90::fwd::kShortMaxSeqlen<kDType == DType::kFloat8E4M3, kHeadDim, kCausal>;
     if constexpr (kShortMaxSeqlen > 0) {
       if ((kVarlen ? p.max_seqlen_q : p.seqlen_q) <= kShortMaxSeqlen) {
-        return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, true, kSequences>,
+        return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, true, kSequences, kLocal>,
                               kCausal>(p, stream);
       }
     }
-    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences>,
+    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences, kLocal>,
                           kCausal>(p, stream);
   }
 }
 
 template <DType kDType, int kHeadDim, sm90::fwd::Sequences kSequences>
 Status launch_sequences(const ForwardParams& p, cudaStream_t stream) {
-  return p.masked() ? launch_causality<kDType, kHeadDim, true, kDType, kSequences>(p, stream)
-                    : launch_causality<kDType, kHeadDim, false, kDType, kSequences>(p, stream);
+  if (!p.masked()) {
+    return launch_causality<kDType, kHeadDim, false, kDType, kSequences>(p, stream);
+  }
+  return p.local_kernels()
+             ? launch_causality<kDType, kHeadDim, true, kDType, kSequences, true>(p, stream)
+             : launch_causality<kDType, kHeadDim, true, kDType, kSequences>(p, stream);
 }
 
 template <DType kDType, int kHeadDim>
@@ -298,10 +303,11 @@ Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream) {
              : launch_sequences<kDType, kHeadDim, Sequences::kDense>(p, stream);
 }
 
+// (FP8 has no local variants: validate_fp8.cpp refuses them.)
 template <DType kOutDType, int kHeadDim>
 Status launch_forward_fp8_sm90(const ForwardParams& p, cudaStream_t stream) {
   constexpr DType kFp8 = DType::kFloat8E4M3;
-  return p.masked() ? launch_causality<kFp8, kHeadDim, true, kOutDType>(p, stream)
+  return p.causal ? launch_causality<kFp8, kHeadDim, true, kOutDType>(p, stream)
                     : launch_causality<kFp8, kHeadDim, false, kOutDType>(p, stream);
 }
 

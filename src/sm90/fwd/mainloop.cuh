@@ -57,7 +57,7 @@ struct Mainloop {
   };
 
   const SchedulerOf<T>& scheduler;
-  const Mask<kBlockM, kBlockN, kCausal>& mask;
+  const Mask<kBlockM, kBlockN, kCausal, T::kLocal>& mask;
   LoadCursor loads;  // without warp specialization: consumer thread 0's loads
 
   __device__ void start_step(LoadCursor& c) const {
@@ -438,24 +438,24 @@ struct Mainloop {
                           float (&o)[T::kOAccRegs], Softmax& softmax, float& o_units) {
     const Tile& tile = work.tile;
     decltype(auto) mask = mask_of(work);
-    // (Whole tiles of the masked kernels start at their window's first block.)
-    const int n_begin = T::kTailSplit || kCausal ? work.n_begin : 0, n_end = work.n_end;
+    // (Whole tiles of the local kernels start at their window's first block.)
+    const int n_begin = T::kTailSplit || T::kLocal ? work.n_begin : 0, n_end = work.n_end;
     const FragmentCoord c = FragmentCoord::current();
     const int wg_row0 = tile.m_block * kBlockM + warpgroup * kMmaM;
     const int row0 = wg_row0 + c.warp * 16 + c.row;
     const uint32_t q_addr = smem_u32(smem.q) + warpgroup * kMmaM * kSwizzleRowBytes;
     const int head_kv = args.by_kv_group.divide(tile.head);
     const int heads_kv = args.heads_q / args.heads_per_kv_head;
-    // Softcap (the masked 16-bit kernels): scores become tanh(s * scale /
-    // softcap) before the mask, and the softmax's scale softcap * log2(e).
-    const bool capped = kCausal && !T::kFp8 && args.softcap > 0.0f;
+    // Softcap (the local kernels): scores become tanh(s * scale / softcap)
+    // before the mask, and the softmax's scale softcap * log2(e).
+    const bool capped = T::kLocal && args.softcap > 0.0f;
     const float q_scale_log2 =
         capped ? args.softcap * kLog2e
                : args.softmax_scale * kLog2e *
                      descale(args.q_descale, tile.batch, args.heads_q, tile.head,
                              tile.m_block * kBlockM + warpgroup * kMmaM);
     auto cap = [&](float(&s)[T::kSAccRegs]) {
-      if constexpr (kCausal && !T::kFp8) {
+      if constexpr (T::kLocal) {
         if (capped) {
           const float to_tanh = args.softmax_scale / args.softcap;
 #pragma unroll
@@ -524,7 +524,7 @@ struct Mainloop {
       }
     }
     if constexpr (T::kQkAhead) {
-      static_assert(!kCausal, "the masked kernels' softcap is applied in softmax_step only");
+      static_assert(!kCausal, "the local kernels' softcap is applied in softmax_step only");
       compute_ahead(n_begin, n_end, warpgroup, pipe, q_addr, o, o_units, softmax, v_scale,
                     mask_block, block_scale);
       return;

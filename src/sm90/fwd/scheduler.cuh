@@ -93,8 +93,8 @@ struct TileScheduler {
     }
     w.tile = tile<kCausal>(piece.tile);
     const bool whole = piece.kind == Piece::kWhole;
-    w.n_begin = piece.n_begin;  // whole: 0, or (masked kernels) the tile's window's first block
-    if constexpr (Mask::kIsMasked) {
+    w.n_begin = piece.n_begin;  // whole: 0, or (local kernels) the tile's window's first block
+    if constexpr (Mask::kIsLocal) {
       w.n_begin = whole ? mask.n_block_begin(w.tile.m_block) : piece.n_begin;
     }
     w.n_end = whole ? mask.n_block_end(w.tile.m_block) : piece.n_end;
@@ -174,7 +174,7 @@ struct KvCacheTileScheduler : TileScheduler {
     w.k = cache.keys(w.tile.batch);
     const Mask batch = mask.with_lengths(mask.seqlen_q, w.k.length);
     w.n_end = min(w.n_end, batch.n_block_end(w.tile.m_block));
-    if constexpr (Mask::kIsMasked) {
+    if constexpr (Mask::kIsLocal) {
       if (w.kind == Piece::kWhole) {
         w.n_begin = batch.n_block_begin(w.tile.m_block);
       }

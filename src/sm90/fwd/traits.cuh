@@ -288,10 +288,15 @@ struct KvCacheConfig : Config {
 enum class Sequences { kDense, kSplitKv, kVarlen, kKvCache };
 
 // kDType: of Q, K, V; kOutDType: of O (the same, or fp16/bf16 for fp8).
+// kLocalMask: a masked (kCausal) kernel of the local variants (a sliding
+// window, an attention chunk, softcap: mask.cuh's kLocal), beside the
+// causal kernel of the same configuration, whose code keeps none of them.
 template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType,
-          bool kShort = false, Sequences kSequences = Sequences::kDense>
+          bool kShort = false, Sequences kSequences = Sequences::kDense, bool kLocalMask = false>
 struct Traits {
   static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
+  static constexpr bool kLocal = kLocalMask;
+  static_assert(!kLocal || (kCausal && !kFp8), "local kernels: masked and 16-bit");
   static constexpr bool kVarlen = kSequences == Sequences::kVarlen;
   static constexpr bool kKvCache = kSequences == Sequences::kKvCache;
   using BaseConfig = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal, kShort>,
