@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
                                                    args.window_left, args.window_right,
                                                    args.chunk};
   const TileScheduler tiles{args.num_m_blocks, args.heads_q, args.by_m_blocks, args.by_heads_q,
-                            args.num_tiles, tail_schedule<T, kCausal>(args, mask)};
+                            args.num_tiles, tail_schedule<T, T::kCausalPairs>(args, mask)};
   const auto sequences = sequences_scheduler<T>(tiles, args);
   const SchedulerOf<T>& scheduler = scheduler_of<T>(tiles, sequences);
   Mainloop<T, kCausal> mainloop{smem, args, scheduler, mask};
@@ -126,8 +126,9 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     const int consumer = warpgroup - T::kProducerWarpgroups;
     mainloop.start_turns(consumer);
     WorkOf<T> work;
-    for (auto at = scheduler.template begin<kCausal>();
-         scheduler.template work<kCausal, T::kTailSplit>(at, mask, work); scheduler.template advance<kCausal>(at)) {
+    constexpr bool kPairs = T::kCausalPairs;
+    for (auto at = scheduler.template begin<kPairs>();
+         scheduler.template work<kPairs, T::kTailSplit>(at, mask, work); scheduler.template advance<kPairs>(at)) {
       float o[T::kOAccRegs];
 #pragma unroll
       for (int r = 0; r < T::kOAccRegs; ++r) {

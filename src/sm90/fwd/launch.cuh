@@ -190,7 +190,7 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   // Persistent, in two-CTA clusters where the kernel shares K and V and the
   // tiles pair up, and with the last wave split in pieces where that pays
   // (grid.hpp) and the stream has a workspace for them.
-  constexpr int kTilesPerStep = sm90::fwd::TileScheduler::kTilesPerStep<kCausal>;
+  constexpr int kTilesPerStep = sm90::fwd::TileScheduler::kTilesPerStep<T::kCausalPairs>;
   constexpr auto kernel = sm90::fwd::forward_kernel<T, kCausal>;
   const KernelSetup setup =
       setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);

@@ -61,7 +61,7 @@ struct Mainloop {
   LoadCursor loads;  // without warp specialization: consumer thread 0's loads
 
   __device__ void start_step(LoadCursor& c) const {
-    c.valid = scheduler.template work<kCausal, T::kTailSplit>(c.at, mask, c.work);
+    c.valid = scheduler.template work<T::kCausalPairs, T::kTailSplit>(c.at, mask, c.work);
     if (c.valid) {
       c.head_kv = args.by_kv_group.divide(c.work.tile.head);
       c.n = c.work.n_end - 1;
@@ -70,7 +70,7 @@ struct Mainloop {
   }
   __device__ LoadCursor first_load() const {
     LoadCursor c{};
-    c.at = scheduler.template begin<kCausal>();
+    c.at = scheduler.template begin<T::kCausalPairs>();
     start_step(c);
     return c;
   }
@@ -153,7 +153,7 @@ struct Mainloop {
         break;
     }
     if (c.n < c.work.n_begin && c.next != LoadStep::kQ) {  // the step is loaded
-      scheduler.template advance<kCausal>(c.at);
+      scheduler.template advance<T::kCausalPairs>(c.at);
       start_step(c);
     }
     return true;
@@ -454,15 +454,11 @@ struct Mainloop {
                : args.softmax_scale * kLog2e *
                      descale(args.q_descale, tile.batch, args.heads_q, tile.head,
                              tile.m_block * kBlockM + warpgroup * kMmaM);
-    auto cap = [&](float(&s)[T::kSAccRegs]) {
-      if constexpr (T::kLocal) {
-        if (capped) {
-          const float to_tanh = args.softmax_scale / args.softcap;
+    auto cap = [&](auto& s) {
+      const float to_tanh = args.softmax_scale / args.softcap;
 #pragma unroll
-          for (int i = 0; i < T::kSAccRegs; ++i) {
-            s[i] = fast_tanh(s[i] * to_tanh);
-          }
-        }
+      for (float& x : s) {
+        x = fast_tanh(x * to_tanh);
       }
     };
     auto k_scale = [&](int n) {
@@ -477,10 +473,23 @@ struct Mainloop {
       }
     };
     auto block_scale = [&](int n) { return T::kFp8 ? q_scale_log2 * k_scale(n) : q_scale_log2; };
-    auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
-      cap(s);
-      mask_block(s, n);
+    // The softmax of a block's scores s (all of them, or the first half):
+    // with softcap, its tanh first, which takes the MUFU pipe, so the
+    // exponentials go to the FMA pipe (T::kSoftcapFmaExp2); then the mask.
+    auto masked_softmax = [&](auto& s, int n, float(&rescale)[2], auto&& mask_scores) {
+      if constexpr (T::kLocal) {
+        if (capped) {
+          cap(s);
+          mask_scores(s);
+          softmax.template step<T::kSoftcapFmaExp2>(s, rescale, block_scale(n));
+          return;
+        }
+      }
+      mask_scores(s);
       softmax.step(s, rescale, block_scale(n));
+    };
+    auto softmax_step = [&](float(&s)[T::kSAccRegs], int n, float(&rescale)[2]) {
+      masked_softmax(s, n, rescale, [&](float(&x)[T::kSAccRegs]) { mask_block(x, n); });
     };
     // The first block (the causal diagonal or the last keys) with its second
     // half, or all of it, hidden from every row of the warpgroup
@@ -495,10 +504,9 @@ struct Mainloop {
         return;
       }
       if (visible > 0) {
-        cap(s);
         float(&first)[kHalf] = *reinterpret_cast<float(*)[kHalf]>(&s[0]);
-        mask.apply(first, row0, n * kBlockN + c.col);
-        softmax.step(first, rescale, block_scale(n));
+        masked_softmax(first, n, rescale,
+                       [&](float(&x)[kHalf]) { mask.apply(x, row0, n * kBlockN + c.col); });
       } else {
 #pragma unroll
         for (int i = 0; i < kHalf; ++i) {

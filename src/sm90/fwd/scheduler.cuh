@@ -16,6 +16,10 @@
 // take them in pairs (2c, 2c + 1), (2c + 2G, ...):
 // every pair costs about the same, which keeps the CTAs both balanced and in
 // step, and so on the same heads' K and V.
+//
+// The local kernels' tiles (a sliding window) cost the window, but for a
+// head's first blocks, which see fewer keys: one at a time, as non-causal
+// ones, each head's last query block first.
 #pragma once
 
 #include <type_traits>
@@ -91,7 +95,7 @@ struct TileScheduler {
     } else if (c.index >= num_tiles) {
       return false;
     }
-    w.tile = tile<kCausal>(piece.tile);
+    w.tile = tile<kCausal, Mask::kIsLocal>(piece.tile);
     const bool whole = piece.kind == Piece::kWhole;
     w.n_begin = piece.n_begin;  // whole: 0, or (local kernels) the tile's window's first block
     if constexpr (Mask::kIsLocal) {
@@ -103,12 +107,16 @@ struct TileScheduler {
     return true;
   }
 
-  template <bool kCausal>
+  // kCausal: causal pairs; kLongestFirst: a head's last query blocks first
+  // (the local kernels', whose first blocks cost less).
+  template <bool kCausal, bool kLongestFirst = false>
   __device__ Tile tile(int index) const {
     const int head_batch = by_m_blocks.divide(index);
     const int m = index - head_batch * num_m_blocks;
     Tile t;
-    t.m_block = !kCausal ? m : (m % 2 == 0 ? num_m_blocks - 1 - m / 2 : m / 2);
+    t.m_block = kCausal        ? (m % 2 == 0 ? num_m_blocks - 1 - m / 2 : m / 2)
+                : kLongestFirst ? num_m_blocks - 1 - m
+                                : m;
     t.batch = by_heads.divide(head_batch);
     t.head = head_batch - t.batch * heads;
     return t;
@@ -140,9 +148,9 @@ struct VarlenTileScheduler : TileScheduler {
     const VarlenTile t = tiles.tile(c.index);
     w.tile.batch = t.batch;
     w.tile.head = t.head;
-    w.tile.m_block =
-        !kCausal ? t.m_block
-                 : (t.m_block % 2 == 0 ? t.m_blocks - 1 - t.m_block / 2 : t.m_block / 2);
+    w.tile.m_block = kCausal ? (t.m_block % 2 == 0 ? t.m_blocks - 1 - t.m_block / 2 : t.m_block / 2)
+                     : Mask::kIsLocal ? t.m_blocks - 1 - t.m_block
+                                      : t.m_block;
     w.q = seq_range(varlen.cu_seqlens_q, varlen.seqused_q, t.batch, varlen.total_q);
     w.k = seq_range(varlen.cu_seqlens_k, varlen.seqused_k, t.batch, varlen.total_k);
     const Mask sequence = mask.with_lengths(w.q.length, w.k.length);

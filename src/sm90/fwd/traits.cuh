@@ -297,6 +297,17 @@ struct Traits {
   static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
   static constexpr bool kLocal = kLocalMask;
   static_assert(!kLocal || (kCausal && !kFp8), "local kernels: masked and 16-bit");
+  // The scheduler's causal pairs (scheduler.cuh): causal tiles only. A
+  // window's tiles all cost the window but the first few of a head, so the
+  // pairs of a long and a short tile that balance causal tiles unbalanced
+  // them (CTAs took 34 to 66 key blocks a pair); the local kernels take
+  // tiles one at a time, longest first.
+  static constexpr bool kCausalPairs = kCausal && !kLocal;
+  // Softcap's exponentials on the FMA pipe (fma_exp2.hpp; its tanh holds the
+  // MUFU one), where the MUFU work outlasts the GEMMs: head dims up to 128.
+  // At 256 the GEMMs take twice as long a score, and the polynomial's
+  // registers spilled the varlen and KV-cache kernels (72 / 108 bytes).
+  static constexpr bool kSoftcapFmaExp2 = kLocal && kHeadDim <= 128;
   static constexpr bool kVarlen = kSequences == Sequences::kVarlen;
   static constexpr bool kKvCache = kSequences == Sequences::kKvCache;
   using BaseConfig = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal, kShort>,
