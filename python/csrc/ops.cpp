@@ -185,6 +185,19 @@ int window_side(int64_t w, const char* name) {
   return static_cast<int>(std::min<int64_t>(w, INT_MAX));
 }
 
+// The masked kernels' options of a forward or a backward call (the library
+// validates the values; these are the ones that do not fit its ints).
+template <class Options>
+void set_mask_options(Options* options, int64_t window_left, int64_t window_right,
+                      int64_t attention_chunk, double softcap) {
+  options->window_left = window_side(window_left, "window_size[0]");
+  options->window_right = window_side(window_right, "window_size[1]");
+  TORCH_CHECK_VALUE(attention_chunk >= 0 && attention_chunk <= INT_MAX, "flash3: attention_chunk = ",
+                    attention_chunk, ": a key count, or 0 for none");
+  options->attention_chunk = static_cast<int>(attention_chunk);
+  options->softcap = static_cast<float>(softcap);
+}
+
 struct ForwardCall {
   ForwardOptions options;
   Tensor workspace;
@@ -196,12 +209,7 @@ struct ForwardCall {
       : workspace(forward_workspace(q, q_d, on)) {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
-    options.window_left = window_side(window_left, "window_size[0]");
-    options.window_right = window_side(window_right, "window_size[1]");
-    TORCH_CHECK_VALUE(attention_chunk >= 0 && attention_chunk <= INT_MAX, "flash3: attention_chunk = ",
-                      attention_chunk, ": a key count, or 0 for none");
-    options.attention_chunk = static_cast<int>(attention_chunk);
-    options.softcap = static_cast<float>(softcap);
+    set_mask_options(&options, window_left, window_right, attention_chunk, softcap);
     if (workspace.defined()) {
       options.workspace = workspace.data_ptr();
       options.workspace_bytes = static_cast<size_t>(workspace.numel());
@@ -223,12 +231,7 @@ struct BackwardCall {
     options.causal = causal;
     options.softmax_scale = scale_of(softmax_scale);
     options.deterministic = deterministic;
-    options.window_left = window_side(window_left, "window_size[0]");
-    options.window_right = window_side(window_right, "window_size[1]");
-    TORCH_CHECK_VALUE(attention_chunk >= 0 && attention_chunk <= INT_MAX, "flash3: attention_chunk = ",
-                      attention_chunk, ": a key count, or 0 for none");
-    options.attention_chunk = static_cast<int>(attention_chunk);
-    options.softcap = static_cast<float>(softcap);
+    set_mask_options(&options, window_left, window_right, attention_chunk, softcap);
   }
   // `bytes`: backward_workspace_size's for the call, on q's device.
   void take_workspace(const Tensor& q, size_t bytes) {
