@@ -52,11 +52,7 @@ flash3_backward_args to_c_args(const Tensor& dout, const Tensor& q, const Tensor
   args.deterministic = options.deterministic ? 1 : 0;
   args.sinks = options.sinks;
   args.dsinks = options.dsinks;
-  args.window = options.window_left != -1 || options.window_right != -1 ? 1 : 0;
-  args.window_left = options.window_left;
-  args.window_right = options.window_right;
-  args.attention_chunk = options.attention_chunk;
-  args.softcap = options.softcap;
+  set_c_mask_args(&args, options);
   return args;
 }
 

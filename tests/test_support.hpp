@@ -33,6 +33,16 @@ inline flash3_tensor to_c(const Tensor& t) {
   return c;
 }
 
+// The masked kernels' options into a forward's or a backward's C arguments.
+template <class Args, class Options>
+void set_c_mask_args(Args* args, const Options& options) {
+  args->window = options.window_left != -1 || options.window_right != -1 ? 1 : 0;
+  args->window_left = options.window_left;
+  args->window_right = options.window_right;
+  args->attention_chunk = options.attention_chunk;
+  args->softcap = options.softcap;
+}
+
 inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& out, float* softmax_lse,
                                      const ForwardOptions& options) {
@@ -47,11 +57,7 @@ inline flash3_forward_args to_c_args(const Tensor& q, const Tensor& k, const Ten
   args.workspace = options.workspace;
   args.workspace_bytes = options.workspace_bytes;
   args.sinks = options.sinks;
-  args.window = options.window_left != -1 || options.window_right != -1 ? 1 : 0;
-  args.window_left = options.window_left;
-  args.window_right = options.window_right;
-  args.attention_chunk = options.attention_chunk;
-  args.softcap = options.softcap;
+  set_c_mask_args(&args, options);
   return args;
 }
 
