@@ -35,7 +35,8 @@ const char kUsage[] =
     "usage: flash3_bench [options]\n"
     "  --dtype bf16|fp16|fp8|all     (default all: bf16 and fp16; fp8 times the FP8 forward\n"
     "                                alone on e4m3 inputs, bf16 out, and separately the\n"
-    "                                quantization of bf16 q, k, v: Hadamard on q, k)\n"
+    "                                quantization of bf16 q, k, v: Hadamard on q, k; its\n"
+    "                                memory traffic in GB/s beside a device copy's)\n"
     "  --fp8-scales block|head       fp8 descales: one per 128 rows of each (batch, head)\n"
     "                                (default, flash3's block quantization) or one per\n"
     "                                (batch, head) (FlashAttention-3's descales)\n"
@@ -94,6 +95,10 @@ struct Record {
   int headdim, causal, batch, seqlen, heads;
   double ms_median = 0, tflops = 0;
   double quant_ms = 0;  // fp8: quantizing q, k, v (and V's layout) from bf16, median
+  // fp8: the quantize step's memory traffic per second (bf16 q, k, v read, e4m3 written, V
+  // re-laid out: 11 bytes an element), and a device-to-device copy's in the same cell
+  // (q into out: 4 bytes an element read and written), GB/s.
+  double quant_gbps = 0, copy_gbps = 0;
   std::string error;    // empty when the cell ran
 };
 
@@ -345,7 +350,8 @@ bool write_json(const std::string& path, const Options& o, const cudaDeviceProp&
     if (r.error.empty()) {
       std::fprintf(f, "\"ms_median\": %.6f, \"tflops\": %.3f", r.ms_median, r.tflops);
       if (r.dtype == flash3::DType::kFloat8E4M3) {
-        std::fprintf(f, ", \"quant_ms\": %.6f", r.quant_ms);
+        std::fprintf(f, ", \"quant_ms\": %.6f, \"quant_gbps\": %.1f, \"copy_gbps\": %.1f",
+                     r.quant_ms, r.quant_gbps, r.copy_gbps);
       }
       std::fprintf(f, "}");
     } else {
@@ -516,6 +522,23 @@ int main(int argc, char** argv) {
               return {};
             };
             s = time_median(quantize, o.warmup, o.iters, stream, &r.quant_ms);
+            const double elements = static_cast<double>(r.batch) * seqlen * kHidden;
+            double copy_ms = 0;
+            if (s) {
+              s = time_median(
+                  [&]() -> flash3::Status {
+                    const cudaError_t err =
+                        cudaMemcpyAsync(out, q, static_cast<size_t>(elements) * 2,
+                                        cudaMemcpyDeviceToDevice, stream);
+                    if (err != cudaSuccess) {
+                      return {flash3::StatusCode::kCudaError, cudaGetErrorString(err)};
+                    }
+                    return {};
+                  },
+                  o.warmup, o.iters, stream, &copy_ms);
+              r.quant_gbps = 11.0 * elements / (r.quant_ms * 1e-3) / 1e9;
+              r.copy_gbps = 4.0 * elements / (copy_ms * 1e-3) / 1e9;
+            }
             if (s) {
               s = time_median(
                   [&] {
@@ -535,7 +558,8 @@ int main(int argc, char** argv) {
             r.tflops = flops / (r.ms_median * 1e-3) / 1e12;
             std::printf("%10.4f %8.1f", r.ms_median, r.tflops);
             if (fp8) {
-              std::printf("   quantize %.4f ms, end to end %.1f TFLOP/s", r.quant_ms,
+              std::printf("   quantize %.4f ms (%.0f GB/s, copy %.0f), end to end %.1f TFLOP/s",
+                          r.quant_ms, r.quant_gbps, r.copy_gbps,
                           flops / ((r.ms_median + r.quant_ms) * 1e-3) / 1e12);
             }
             std::printf("\n");
