@@ -178,12 +178,12 @@ def flash_attn_func(
         _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale)
     window_left, window_right = _window(window_size)
     _refuse_other_dv(q, v)
-    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn and sinks is not None:
+    fp8 = isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn
+    if fp8 and sinks is not None:
         raise _not_supported("sinks with float8_e4m3fn inputs", sinks)
-    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn and \
-            ((window_left, window_right) != (-1, -1) or attention_chunk != 0 or softcap != 0.0):
+    if fp8 and ((window_left, window_right) != (-1, -1) or attention_chunk != 0 or softcap != 0.0):
         raise _not_supported("window_size, attention_chunk or softcap with float8_e4m3fn inputs", window_size)
-    if isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn:
+    if fp8:
         out, softmax_lse = ops.fwd_fp8(q, k, v, *_head_descales(q, k, q_descale, k_descale, v_descale),
                                        softmax_scale, causal, torch.bfloat16)
     else:

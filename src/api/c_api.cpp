@@ -50,7 +50,9 @@ template <class Args>
 const float* sinks_of(const Args&) {
   return nullptr;
 }
-void set_window(const flash3_forward_args& args, flash3::ForwardOptions* options) {
+// The masked kernels' options of flash3_forward_args or flash3_backward_args.
+template <class Args, class Options>
+void set_window(const Args& args, Options* options) {
   if (args.window != 0) {
     options->window_left = args.window_left;
     options->window_right = args.window_right;
@@ -58,8 +60,7 @@ void set_window(const flash3_forward_args& args, flash3::ForwardOptions* options
   options->attention_chunk = args.attention_chunk;
   options->softcap = args.softcap;
 }
-template <class Args>
-void set_window(const Args&, flash3::ForwardOptions*) {}
+void set_window(const flash3_forward_fp8_args&, flash3::ForwardOptions*) {}
 
 // Either forward's args (flash3_forward_args, flash3_forward_fp8_args).
 template <class Args>
@@ -80,12 +81,7 @@ flash3::BackwardOptions backward_options(const flash3_backward_args& args) {
   options.softmax_scale = args.softmax_scale;
   options.sinks = args.sinks;
   options.dsinks = args.dsinks;
-  if (args.window != 0) {
-    options.window_left = args.window_left;
-    options.window_right = args.window_right;
-  }
-  options.attention_chunk = args.attention_chunk;
-  options.softcap = args.softcap;
+  set_window(args, &options);
   options.deterministic = args.deterministic != 0;
   options.workspace = args.workspace;
   options.workspace_bytes = args.workspace_bytes;

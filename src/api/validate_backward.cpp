@@ -230,14 +230,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   for (const auto& [name, ptr, span] :
        {std::tuple<const char*, const float*, Span*>{"options.sinks", options.sinks, &sinks_span},
         {"options.dsinks", options.dsinks, &dsinks_span}}) {
-    if (ptr == nullptr) {
-      continue;
-    }
-    if (reinterpret_cast<uintptr_t>(ptr) % alignof(float) != 0) {
-      return invalid(name, " is not 4-byte aligned");
-    }
-    if (!float_span(ptr, static_cast<uint64_t>(q.shape[2]), span)) {
-      return invalid(name, ": its heads_q floats address past the end of the address space");
+    if (Status s = check_head_floats(name, ptr, q, span); !s.ok()) {
+      return s;
     }
   }
 

@@ -302,25 +302,34 @@ Span sinks_span(const Tensor& q, const ForwardOptions& options) {
   return span;
 }
 
+Status check_head_floats(const char* name, const float* data, const Tensor& q, Span* span) {
+  *span = Span{};
+  if (data == nullptr) {
+    return Status{};
+  }
+  if (reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
+    return invalid(name, " is not 4-byte aligned");
+  }
+  if (!float_span(data, static_cast<uint64_t>(q.shape[2]), span)) {
+    return invalid(name, ": its heads_q floats address past the end of the address space");
+  }
+  return Status{};
+}
+
 Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardOptions& options,
                              const Span& out_span) {
   if (softmax_lse != nullptr && reinterpret_cast<uintptr_t>(softmax_lse) % alignof(float) != 0) {
     return invalid("softmax_lse is not 4-byte aligned");
   }
-  if (options.sinks != nullptr) {
-    if (reinterpret_cast<uintptr_t>(options.sinks) % alignof(float) != 0) {
-      return invalid("options.sinks is not 4-byte aligned");
-    }
-    Span sinks;
-    if (!float_span(options.sinks, static_cast<uint64_t>(q.shape[2]), &sinks)) {
-      return invalid("options.sinks: its heads_q floats address past the end of the address space");
-    }
-    for (const auto& [name, written] : {std::pair<const char*, Span>{"out", out_span},
-                                        {"softmax_lse", lse_span(q, softmax_lse)}}) {
-      if (intersect(sinks, written)) {
-        return invalid("options.sinks overlaps ", name,
-                       "; the call writes there while it reads the sinks");
-      }
+  Span sinks;
+  if (Status s = check_head_floats("options.sinks", options.sinks, q, &sinks); !s.ok()) {
+    return s;
+  }
+  for (const auto& [name, written] : {std::pair<const char*, Span>{"out", out_span},
+                                      {"softmax_lse", lse_span(q, softmax_lse)}}) {
+    if (intersect(sinks, written)) {
+      return invalid("options.sinks overlaps ", name,
+                     "; the call writes there while it reads the sinks");
     }
   }
   if (Status s = check_mask_options(options); !s.ok()) {

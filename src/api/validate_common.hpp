@@ -153,6 +153,9 @@ Status check_lse_and_options(const Tensor& q, float* softmax_lse, const ForwardO
                              const Span& out_span);
 // The bytes of options.sinks (heads_q floats of q's), empty when null.
 Span sinks_span(const Tensor& q, const ForwardOptions& options);
+// A per-head float32 array (sinks, dsinks: q's heads_q floats) named `name`:
+// null (an empty *span), or 4-byte aligned and within the address space.
+Status check_head_floats(const char* name, const float* data, const Tensor& q, Span* span);
 
 // An int32 device array a call reads or writes (varlen offsets, cache
 // lengths, page tables): `count` entries at data, which may be null unless

@@ -252,7 +252,7 @@ struct Mainloop {
 
   // S^T -> P^T in place (masked; each column, a query, has its own
   // log-sum-exp; softcap's tanh first), and dP^T -> dS^T = P^T (dP^T -
-  // rowsum(dO O)), times softcap's slope 1 - t^2 when kSlope.
+  // rowsum(dO O)), which softcap then scales by its slope 1 - t^2.
   __device__ bool capped() const { return kLocal && args.softcap > 0.0f; }
   __device__ void probabilities(float (&s)[T::kSAccRegs], int stage, int m, int key_row0,
                                 int col) const {
@@ -285,35 +285,27 @@ struct Mainloop {
     const float t = (fast_log2(p) + lse_log2) * (1.0f / (args.softcap * kLog2e));
     return fmaxf(1.0f - t * t, 0.0f);
   }
-  // P^T times the slope, in place (compute_split's warpgroup 0 hands it over
-  // instead of recomputing t elsewhere).
-  __device__ void apply_cap_slope(float (&p)[T::kSAccRegs], int stage, int col) const {
+  // x times the slope at the probabilities p, in place (x may be p itself:
+  // compute_split's warpgroup 0 hands P^T (1 - t^2) over).
+  __device__ void scale_by_cap_slope(float (&x)[T::kSAccRegs], const float (&p)[T::kSAccRegs],
+                                     int stage, int col) const {
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
       const float2 lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + col]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        p[4 * j + e] *= cap_slope(p[4 * j + e], (e & 1) ? lse.y : lse.x);
+        x[4 * j + e] *= cap_slope(p[4 * j + e], (e & 1) ? lse.y : lse.x);
       }
     }
   }
-  template <bool kSlope>
   __device__ void score_gradients(const float (&p)[T::kSAccRegs], float (&dp)[T::kSAccRegs],
                                   int stage, int col) const {
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
       const float2 dsum = *reinterpret_cast<const float2*>(&smem.dpsum[stage][8 * j + col]);
-      float2 lse;
-      if constexpr (kSlope) {
-        lse = *reinterpret_cast<const float2*>(&smem.lse_log2[stage][8 * j + col]);
-      }
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float pi = p[4 * j + e];
-        dp[4 * j + e] = pi * (dp[4 * j + e] - ((e & 1) ? dsum.y : dsum.x));
-        if constexpr (kSlope) {
-          dp[4 * j + e] *= cap_slope(pi, (e & 1) ? lse.y : lse.x);
-        }
+        dp[4 * j + e] = p[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dsum.y : dsum.x));
       }
     }
   }
@@ -357,10 +349,9 @@ struct Mainloop {
       probabilities(s, stage, m, key_row0, c.col);
       mma_wait<0>();  // dP^T
       fence_operands(dp);
-      if (capped()) {  // a uniform branch: two loops, the usual one unchanged
-        score_gradients<kLocal>(s, dp, stage, c.col);
-      } else {
-        score_gradients<false>(s, dp, stage, c.col);
+      score_gradients(s, dp, stage, c.col);
+      if (capped()) {
+        scale_by_cap_slope(dp, s, stage, c.col);
       }
       uint32_t p16[T::kPRegs], ds16[T::kPRegs];
 #pragma unroll
@@ -423,7 +414,7 @@ struct Mainloop {
         }
         store_tile(x16, p_tile, key_row0);
         if (capped()) {  // P^T (1 - t^2) for warpgroup 1, in the dS^T tile it overwrites
-          apply_cap_slope(acc, stage, c.col);
+          scale_by_cap_slope(acc, acc, stage, c.col);
 #pragma unroll
           for (int i = 0; i < T::kPRegs; ++i) {
             x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);
@@ -445,7 +436,7 @@ struct Mainloop {
           p[2 * i] = pair.x;
           p[2 * i + 1] = pair.y;
         }
-        score_gradients<false>(p, acc, stage, c.col);
+        score_gradients(p, acc, stage, c.col);
 #pragma unroll
         for (int i = 0; i < T::kPRegs; ++i) {
           x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);

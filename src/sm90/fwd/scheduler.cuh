@@ -107,16 +107,21 @@ struct TileScheduler {
     return true;
   }
 
-  // kCausal: causal pairs; kLongestFirst: a head's last query blocks first
-  // (the local kernels', whose first blocks cost less).
+  // The query block at place m of a head's m_blocks: kCausal, causal pairs
+  // (longest, shortest, ...); kLongestFirst, the last first (the local
+  // kernels', whose first blocks cost less); else in order.
+  template <bool kCausal, bool kLongestFirst>
+  __device__ static int ordered_m_block(int m, int m_blocks) {
+    return kCausal        ? (m % 2 == 0 ? m_blocks - 1 - m / 2 : m / 2)
+           : kLongestFirst ? m_blocks - 1 - m
+                           : m;
+  }
   template <bool kCausal, bool kLongestFirst = false>
   __device__ Tile tile(int index) const {
     const int head_batch = by_m_blocks.divide(index);
     const int m = index - head_batch * num_m_blocks;
     Tile t;
-    t.m_block = kCausal        ? (m % 2 == 0 ? num_m_blocks - 1 - m / 2 : m / 2)
-                : kLongestFirst ? num_m_blocks - 1 - m
-                                : m;
+    t.m_block = ordered_m_block<kCausal, kLongestFirst>(m, num_m_blocks);
     t.batch = by_heads.divide(head_batch);
     t.head = head_batch - t.batch * heads;
     return t;
@@ -148,9 +153,7 @@ struct VarlenTileScheduler : TileScheduler {
     const VarlenTile t = tiles.tile(c.index);
     w.tile.batch = t.batch;
     w.tile.head = t.head;
-    w.tile.m_block = kCausal ? (t.m_block % 2 == 0 ? t.m_blocks - 1 - t.m_block / 2 : t.m_block / 2)
-                     : Mask::kIsLocal ? t.m_blocks - 1 - t.m_block
-                                      : t.m_block;
+    w.tile.m_block = ordered_m_block<kCausal, Mask::kIsLocal>(t.m_block, t.m_blocks);
     w.q = seq_range(varlen.cu_seqlens_q, varlen.seqused_q, t.batch, varlen.total_q);
     w.k = seq_range(varlen.cu_seqlens_k, varlen.seqused_k, t.batch, varlen.total_k);
     const Mask sequence = mask.with_lengths(w.q.length, w.k.length);
