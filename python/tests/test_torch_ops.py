@@ -654,11 +654,11 @@ def test_softcap_matches_a_float32_attention(causal, window):
                                    return_attn_probs=True)
     want, want_lse = _attention_in_a_window(q4, k, v, causal, window, softcap=5.0)
     g = _expect_matches_float32(out, lse, want, want_lse, (q, k, v))
-    # The varlen backward on the same sequences packed: the dense one's gradients.
-    q4 = q * 4
-    dense = torch.autograd.grad(fai.flash_attn_func(q4, k, v, causal=causal, window_size=window, softcap=5.0),
+    # The varlen backward on the same sequences packed: the dense one's gradients (each
+    # through a q * 4 of its own: a graph's first backward frees its saved tensors).
+    dense = torch.autograd.grad(fai.flash_attn_func(q * 4, k, v, causal=causal, window_size=window, softcap=5.0),
                                 (q, k, v), g)
-    packed = fai.flash_attn_varlen_func(q4.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
+    packed = fai.flash_attn_varlen_func((q * 4).flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
                                         torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda"),
                                         torch.tensor([0, 411, 822], dtype=torch.int32, device="cuda"),
                                         300, 411, causal=causal, window_size=window, softcap=5.0)

@@ -105,8 +105,16 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
   const Mask<T::kBlockM, T::kBlockN, kCausal, T::kLocal> mask{args.seqlen_q, args.seqlen_k,
                                                    args.window_left, args.window_right,
                                                    args.chunk};
-  const TileScheduler tiles{args.num_m_blocks, args.heads_q, args.by_m_blocks, args.by_heads_q,
-                            args.num_tiles, tail_schedule<T, T::kCausalPairs>(args, mask)};
+  const TileScheduler tiles = [&] {
+    if constexpr (T::kLocalUnits) {
+      return TileScheduler{args.num_m_blocks, args.heads_q,    args.by_m_blocks,
+                           args.by_heads_q,   args.num_tiles,  {},
+                           args.local_units,  args.by_local_units};
+    } else {
+      return TileScheduler{args.num_m_blocks, args.heads_q, args.by_m_blocks, args.by_heads_q,
+                           args.num_tiles, tail_schedule<T, T::kCausalPairs>(args, mask)};
+    }
+  }();
   const auto sequences = sequences_scheduler<T>(tiles, args);
   const SchedulerOf<T>& scheduler = scheduler_of<T>(tiles, sequences);
   Mainloop<T, kCausal> mainloop{smem, args, scheduler, mask};
@@ -127,8 +135,10 @@ __global__ void __launch_bounds__(T::kThreads, 1) forward_kernel(const __grid_co
     mainloop.start_turns(consumer);
     WorkOf<T> work;
     constexpr bool kPairs = T::kCausalPairs;
-    for (auto at = scheduler.template begin<kPairs>();
-         scheduler.template work<kPairs, T::kTailSplit>(at, mask, work); scheduler.template advance<kPairs>(at)) {
+    constexpr bool kUnits = T::kLocalUnits;
+    for (auto at = scheduler.template begin<kPairs, kUnits>();
+         scheduler.template work<kPairs, T::kTailSplit>(at, mask, work);
+         scheduler.template advance<kPairs, kUnits>(at)) {
       float o[T::kOAccRegs];
 #pragma unroll
       for (int r = 0; r < T::kOAccRegs; ++r) {

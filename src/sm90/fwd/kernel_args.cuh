@@ -5,6 +5,7 @@
 
 #include "sm90/problem.hpp"
 #include "kv_cache.hpp"
+#include "local_units.hpp"
 #include "sm90/common/varlen.hpp"
 #include "tail_split.hpp"
 #include "sm90/common/sync.cuh"
@@ -59,6 +60,10 @@ struct KernelArgs {
   int window_right;
   int chunk;  // attention_chunk (mask.cuh), 0: none
   float softcap;  // the local kernels' softcap (Mainloop::compute), 0: none
+  // The dense and KV-cache local kernels' work units (local_units.hpp;
+  // num_tiles counts them) and division by their count per head.
+  LocalUnits local_units;
+  flash3::detail::FastDivisor by_local_units;
 };
 
 // Where O is staged for the TMA store (Traits::kOStore): the Q tile, or a

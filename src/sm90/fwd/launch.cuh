@@ -187,6 +187,13 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
                 std::to_string(tiles) + " tiles exceeds 2^31-1"};
   }
   args.num_tiles = static_cast<int>(tiles);
+  if constexpr (T::kLocalUnits) {  // the scheduler's units (local_units.hpp), fewer than tiles
+    const sm90::Mask<T::kBlockM, T::kBlockN, kCausal, true> mask{
+        args.seqlen_q, args.seqlen_k, args.window_left, args.window_right, args.chunk};
+    args.local_units = sm90::fwd::LocalUnits::of(mask, args.num_m_blocks);
+    args.by_local_units = detail::FastDivisor::of(args.local_units.per_head());
+    args.num_tiles = args.local_units.per_head() * p.heads_q * p.batch;
+  }
   // Persistent, in two-CTA clusters where the kernel shares K and V and the
   // tiles pair up, and with the last wave split in pieces where that pays
   // (grid.hpp) and the stream has a workspace for them.
@@ -195,12 +202,10 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const KernelSetup setup =
       setup_kernel<kernel, T::kClusterCtas>(T::kThreads, kSmemBytes, p.device);
   cudaError_t err = setup.err;
-  // (The local kernels' tiles cost what their windows hold, not the causal
-  // pairs' equal shares: not split.)
-  const SplitSteps steps = split_steps(T::kTailSplit && !T::kLocal, kCausal,
+  const SplitSteps steps = split_steps(T::kTailSplit, kCausal,
                                        p.seqlen_q, p.seqlen_k, T::kBlockM, T::kBlockN);
-  GridPlan grid = plan_grid(tiles, args.num_m_blocks, kTilesPerStep, p.num_sms, T::kClusterKv,
-                            setup.max_clusters, steps.split, steps.blocks);
+  GridPlan grid = plan_grid(args.num_tiles, args.num_m_blocks, kTilesPerStep, p.num_sms,
+                            T::kClusterKv, setup.max_clusters, steps.split, steps.blocks);
   if (grid.tail.tail_blocks > 0) {
     using Epilogue = sm90::fwd::Epilogue<T>;
     using Workspace = sm90::fwd::PartialWorkspace;

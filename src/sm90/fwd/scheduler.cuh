@@ -17,15 +17,17 @@
 // every pair costs about the same, which keeps the CTAs both balanced and in
 // step, and so on the same heads' K and V.
 //
-// The local kernels' tiles (a sliding window) cost the window, but for a
-// head's first blocks, which see fewer keys: one at a time, as non-causal
-// ones, each head's last query block first.
+// The local kernels (a sliding window, a chunk, softcap) take units of about
+// a window each (local_units.hpp): a head's longer query blocks one at a
+// time, its first, shorter ones in pairs; CTA c takes units c, c + G, ...
+// (Varlen ones take tiles one at a time, each sequence's last block first.)
 #pragma once
 
 #include <type_traits>
 
 #include "sm90/problem.hpp"
 
+#include "local_units.hpp"
 #include "tail_split.hpp"
 #include "kv_cache.hpp"
 #include "sm90/common/varlen.hpp"
@@ -56,46 +58,71 @@ struct TileScheduler {
   // next tile's first GEMM) in every tile.
   flash3::detail::FastDivisor by_m_blocks;
   flash3::detail::FastDivisor by_heads;
-  int num_tiles;
+  int num_tiles;  // (kUnits: the units of all heads)
   TailSchedule tail;
+  // kUnits (the dense and KV-cache local kernels): a head's units, and
+  // division by their count per head.
+  LocalUnits units{};
+  flash3::detail::FastDivisor by_units{};
 
   // Tiles per scheduling step of one CTA.
   template <bool kCausal>
   static constexpr int kTilesPerStep = kCausal ? 2 : 1;
 
   // Where a CTA is in its sequence: the tile index of its whole-tile steps
-  // (c, c + G, ...; causal 2c, 2c + 1, 2c + 2G, ...) and the step count.
+  // (c, c + G, ...; causal 2c, 2c + 1, 2c + 2G, ...; kUnits, 2 u + the
+  // second of a pair, for units u = c, c + G, ...) and the step count.
   struct Cursor {
     int index;
     int step;
   };
-  template <bool kCausal>
+  template <bool kCausal, bool kUnits = false>
   __device__ Cursor begin() const {
-    return {kTilesPerStep<kCausal> * static_cast<int>(blockIdx.x), 0};
+    return {(kUnits ? 2 : kTilesPerStep<kCausal>) * static_cast<int>(blockIdx.x), 0};
   }
-  template <bool kCausal>
+  template <bool kCausal, bool kUnits = false>
   __device__ void advance(Cursor& c) const {
+    ++c.step;
+    if constexpr (kUnits) {
+      const int unit = c.index >> 1;
+      const bool second_next =
+          (c.index & 1) == 0 && units.is_pair(unit - by_units.divide(unit) * units.per_head());
+      c.index = second_next ? c.index + 1 : 2 * (unit + static_cast<int>(gridDim.x));
+      return;
+    }
     constexpr int kStep = kTilesPerStep<kCausal>;
     c.index = c.index % kStep != kStep - 1
                   ? c.index + 1
                   : c.index + 1 + (static_cast<int>(gridDim.x) - 1) * kStep;
-    ++c.step;
   }
 
   // The work at the cursor; false past the CTA's last. Whole tiles take the
   // key blocks their rows see (mask.n_block_end). kTailSplit (the kernel's
   // Traits::kTailSplit): past split_tiles, pieces of tiles (tail_split.hpp).
+  // Mask::kIsLocal: the cursor walks units (kUnits of begin and advance).
   template <bool kCausal, bool kTailSplit, class Mask>
   __device__ bool work(const Cursor& c, const Mask& mask, Work& w) const {
     Piece piece{c.index, 0, 0, Piece::kWhole, 0};
-    if constexpr (kTailSplit) {
-      if (!tail.piece_of<kCausal>(static_cast<int>(blockIdx.x), c.step, &piece)) {
+    if constexpr (Mask::kIsLocal) {
+      static_assert(!kTailSplit && !kCausal, "local units are whole tiles");
+      const int unit = c.index >> 1;
+      if (unit >= num_tiles) {
         return false;
       }
-    } else if (c.index >= num_tiles) {
-      return false;
+      const int head_batch = by_units.divide(unit);
+      w.tile.m_block = units.m_block(unit - head_batch * units.per_head(), c.index & 1);
+      w.tile.batch = by_heads.divide(head_batch);
+      w.tile.head = head_batch - w.tile.batch * heads;
+    } else {
+      if constexpr (kTailSplit) {
+        if (!tail.piece_of<kCausal>(static_cast<int>(blockIdx.x), c.step, &piece)) {
+          return false;
+        }
+      } else if (c.index >= num_tiles) {
+        return false;
+      }
+      w.tile = tile<kCausal>(piece.tile);
     }
-    w.tile = tile<kCausal, Mask::kIsLocal>(piece.tile);
     const bool whole = piece.kind == Piece::kWhole;
     w.n_begin = piece.n_begin;  // whole: 0, or (local kernels) the tile's window's first block
     if constexpr (Mask::kIsLocal) {
@@ -108,20 +135,20 @@ struct TileScheduler {
   }
 
   // The query block at place m of a head's m_blocks: kCausal, causal pairs
-  // (longest, shortest, ...); kLongestFirst, the last first (the local
-  // kernels', whose first blocks cost less); else in order.
+  // (longest, shortest, ...); kLongestFirst, the last first (the varlen
+  // local kernels', whose first blocks cost less); else in order.
   template <bool kCausal, bool kLongestFirst>
   __device__ static int ordered_m_block(int m, int m_blocks) {
     return kCausal        ? (m % 2 == 0 ? m_blocks - 1 - m / 2 : m / 2)
            : kLongestFirst ? m_blocks - 1 - m
                            : m;
   }
-  template <bool kCausal, bool kLongestFirst = false>
+  template <bool kCausal>
   __device__ Tile tile(int index) const {
     const int head_batch = by_m_blocks.divide(index);
     const int m = index - head_batch * num_m_blocks;
     Tile t;
-    t.m_block = ordered_m_block<kCausal, kLongestFirst>(m, num_m_blocks);
+    t.m_block = ordered_m_block<kCausal, false>(m, num_m_blocks);
     t.batch = by_heads.divide(head_batch);
     t.head = head_batch - t.batch * heads;
     return t;

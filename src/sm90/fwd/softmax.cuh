@@ -5,7 +5,6 @@
 
 #include <cmath>
 
-#include "sm90/common/fma_exp2.hpp"
 #include "sm90/common/math.cuh"
 #include "sm90/common/wgmma.cuh"
 
@@ -95,14 +94,13 @@ struct OnlineSoftmax {
   // and returns in `rescale` the factor that the O accumulator rows must be
   // multiplied by. scale_log2 (> 0) is softmax_scale * log2(e), times the
   // block's descales for fp8. Fully masked rows (max still -inf) give zeros,
-  // never NaN. kFmaExp2: the exponentials on the FMA pipe (fma_exp2.hpp),
-  // for a caller whose MUFU work binds.
-  template <bool kFmaExp2 = false, int kRegs>
+  // never NaN.
+  template <int kRegs>
   __device__ __forceinline__ void step(float (&s)[kRegs], float (&rescale)[kRows],
                                        float scale_log2) {
     float block_max[kRows];
     row_max_of(s, block_max);
-    step_from_max<false, kFmaExp2>(s, block_max, rescale, scale_log2, [] {});
+    step_from_max<false>(s, block_max, rescale, scale_log2, [] {});
   }
 
   // The block's row maxima of the raw scores over the whole row (quad-reduced).
@@ -119,7 +117,7 @@ struct OnlineSoftmax {
   // step() with the block's row maxima given (the thread's own, or the whole
   // row's from row_max_quad if kQuadReduced), and mid() called once the first
   // half of the exponentials is issued.
-  template <bool kQuadReduced, bool kFmaExp2 = false, int kRegs, class Mid>
+  template <bool kQuadReduced, int kRegs, class Mid>
   __device__ __forceinline__ void step_from_max(float (&s)[kRegs],
                                                 const float (&block_max)[kRows],
                                                 float (&rescale)[kRows], float scale_log2,
@@ -148,8 +146,7 @@ struct OnlineSoftmax {
       if (i == kRegs / 2) {
         mid();
       }
-      const float x = fmaf(s[i], scale_log2, -shift[acc_row(i)]);
-      s[i] = kFmaExp2 ? fma_exp2(x) : fast_exp2(x);
+      s[i] = fast_exp2(fmaf(s[i], scale_log2, -shift[acc_row(i)]));
       if constexpr (kSumChains) {
         sum[acc_row(i)][chain_of(i, kChains)] += s[i];
       } else {

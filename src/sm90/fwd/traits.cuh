@@ -297,19 +297,16 @@ struct Traits {
   static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
   static constexpr bool kLocal = kLocalMask;
   static_assert(!kLocal || (kCausal && !kFp8), "local kernels: masked and 16-bit");
+  static constexpr bool kVarlen = kSequences == Sequences::kVarlen;
+  static constexpr bool kKvCache = kSequences == Sequences::kKvCache;
   // The scheduler's causal pairs (scheduler.cuh): causal tiles only. A
   // window's tiles all cost the window but the first few of a head, so the
   // pairs of a long and a short tile that balance causal tiles unbalanced
-  // them (CTAs took 34 to 66 key blocks a pair); the local kernels take
-  // tiles one at a time, longest first.
+  // them (CTAs took 34 to 66 key blocks a pair); the dense and KV-cache
+  // local kernels take units of about a window (local_units.hpp), the
+  // varlen ones tiles one at a time, longest first.
   static constexpr bool kCausalPairs = kCausal && !kLocal;
-  // Softcap's exponentials on the FMA pipe (fma_exp2.hpp; its tanh holds the
-  // MUFU one), where the MUFU work outlasts the GEMMs: head dims up to 128.
-  // At 256 the GEMMs take twice as long a score, and the polynomial's
-  // registers spilled the varlen and KV-cache kernels (72 / 108 bytes).
-  static constexpr bool kSoftcapFmaExp2 = kLocal && kHeadDim <= 128;
-  static constexpr bool kVarlen = kSequences == Sequences::kVarlen;
-  static constexpr bool kKvCache = kSequences == Sequences::kKvCache;
+  static constexpr bool kLocalUnits = kLocal && !kVarlen;
   using BaseConfig = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal, kShort>,
                                         TileConfig<kHeadDim, kCausal, kShort>>;
   using Config = std::conditional_t<
@@ -390,7 +387,8 @@ struct Traits {
   // pieces' own costs (a Q load and pipeline start each, the partial O
   // written and folded) lost on short sequences, and 16-bit d64 and d256 lost
   // at most lengths: on for the tile configs that gained.
-  static constexpr bool kTailSplit = Config::kTailSplit;
+  // (Not the local kernels: their units are whole tiles.)
+  static constexpr bool kTailSplit = Config::kTailSplit && !kLocal;
 
   // Warp roles: warpgroup 0 produces (TMA), the others consume (wgmma +
   // softmax). Without warp specialization (ablation only) there is no
