@@ -180,11 +180,13 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   }
 
   const long long tiles = static_cast<long long>(args.num_m_blocks) * p.heads_q * p.batch;
-  if (tiles > INT_MAX) {
+  // (The local kernels' cursor counts 2 per unit, past the last by a wave.)
+  constexpr long long kMaxTiles = T::kLocalUnits ? INT_MAX / 4 : INT_MAX;
+  if (tiles > kMaxTiles) {
     return {StatusCode::kInvalidArgument,
             std::string(T::kFp8 ? kForwardFp8Call : kForwardCall) +
                 ": batch * heads_q * ceil(seqlen_q / " + std::to_string(T::kBlockM) + ") = " +
-                std::to_string(tiles) + " tiles exceeds 2^31-1"};
+                std::to_string(tiles) + " tiles exceeds " + std::to_string(kMaxTiles)};
   }
   args.num_tiles = static_cast<int>(tiles);
   if constexpr (T::kLocalUnits) {  // the scheduler's units (local_units.hpp), fewer than tiles
