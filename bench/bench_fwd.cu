@@ -24,7 +24,7 @@
 namespace {
 
 constexpr int64_t kTokens = 16384;  // batch * seqlen of every cell
-constexpr int64_t kHidden = 2048;   // heads * headdim of every cell
+constexpr int64_t kHidden = 2048;   // heads * headdim of every cell (at most: 10 x 192)
 
 // --fp8-scales block: one scale per this many rows of each (batch, head).
 constexpr int kFp8BlockRows = 128;
@@ -40,7 +40,8 @@ const char kUsage[] =
     "  --fp8-scales block|head       fp8 descales: one per 128 rows of each (batch, head)\n"
     "                                (default, flash3's block quantization) or one per\n"
     "                                (batch, head) (FlashAttention-3's descales)\n"
-    "  --headdim LIST|all            comma-separated, from 64,128,256 (default all)\n"
+    "  --headdim LIST|all            comma-separated, from 64,128,192,256 (default and all: 64,128,256;\n"
+    "                                2048 / headdim heads, rounded down: 10 at 192)\n"
     "  --causal 0|1|all              (default all)\n"
     "  --seqlen LIST|all             comma-separated (default 512,1024,2048,4096,8192,16384)\n"
     "  --batch N                     batch of every cell (default 16384 / seqlen, at least 1:\n"
@@ -205,8 +206,8 @@ Options parse_options(int argc, char** argv) {
     }
   }
   for (int d : o.headdims) {
-    if (d <= 0 || kHidden % d != 0) {
-      usage_error("--headdim " + std::to_string(d) + " does not divide hidden " +
+    if (d <= 0 || d > kHidden) {
+      usage_error("--headdim " + std::to_string(d) + " is not within 1.." +
                   std::to_string(kHidden));
     }
   }

@@ -243,6 +243,8 @@ const InvalidBackwardCase kCases[] = {
      "headdim = 96 is not supported; supported: 64, 128, 256"},
     {"HeadDim32", [](P& p) { set_headdim_all(p, 32); }, Code::kUnsupported,
      "headdim = 32 is not supported"},
+    {"HeadDim192", [](P& p) { set_headdim_all(p, 192); }, Code::kUnsupported,
+     "headdim = 192 is not supported; supported: 64, 128, 256"},  // a forward-only head dim
     {"KHeadDimMismatch", [](P& p) { set_dims(p.k, 2, 16, 2, 128); }, Code::kInvalidArgument,
      "k.shape[3] (headdim) = 128 differs from q's 64"},
     {"VBatchMismatch", [](P& p) { set_dims(p.v, 1, 16, 2, 64); }, Code::kInvalidArgument,

@@ -20,7 +20,7 @@
 namespace flash3::test {
 namespace {
 
-constexpr int kHeadDims[] = {64, 128, 256};
+constexpr int kHeadDims[] = {64, 128, 192, 256};
 
 class ForwardTest : public HopperTest {
  protected:
@@ -285,6 +285,16 @@ TEST_F(SanitizeForward, Bf16D256CausalSteps) {
   expect_matches_reference({DType::kBFloat16, {8, 1100, 1100, 2, 2, 256}, true});
 }
 
+// Head dim 192: 112-key blocks (three swizzle blocks a row), O in the V ring
+// when causal, in Q otherwise.
+TEST_F(SanitizeForward, Bf16D192CausalSteps) {
+  expect_matches_reference({DType::kBFloat16, {8, 1100, 1100, 2, 2, 192}, true});
+}
+
+TEST_F(SanitizeForward, Fp16D192Seqlen300Gqa) {
+  expect_matches_reference({DType::kFloat16, {2, 300, 333, 8, 2, 192}, false});
+}
+
 TEST_F(SanitizeForward, Fp16D256CausalStepsGqa) {
   expect_matches_reference({DType::kFloat16, {8, 300, 300, 8, 2, 256}, true});
 }
@@ -491,7 +501,7 @@ TEST_F(ForwardStream, TailSplitsOnTwoStreamsAtOnce) {
 // one is refused before anything runs.
 TEST_F(ForwardStream, CallerWorkspaceServesEveryHeadDim) {
   std::vector<ForwardCase> cases;
-  for (const int headdim : {64, 128, 256}) {
+  for (const int headdim : {64, 128, 192, 256}) {
     for (const bool causal : {false, true}) {
       cases.push_back({DType::kBFloat16, {1, 4096, 4096, 2, 1, headdim}, causal});
     }

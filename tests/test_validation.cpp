@@ -52,7 +52,7 @@ const InvalidForwardCase kCases[] = {
     {"OutDtypeDiffers", [](HostProblem& p) { p.out.dtype = DType::kFloat16; },
      Code::kInvalidArgument, "out.dtype (float16) differs"},
     {"HeadDim96", [](HostProblem& p) { set_headdim_all(p, 96); }, Code::kUnsupported,
-     "headdim = 96 is not supported"},
+     "headdim = 96 is not supported; supported: 64, 128, 192, 256"},
     {"HeadDim32", [](HostProblem& p) { set_headdim_all(p, 32); }, Code::kUnsupported,
      "headdim = 32 is not supported"},
     {"HeadDimMismatch", [](HostProblem& p) { set_headdim(p.k, 128); }, Code::kInvalidArgument,
@@ -203,7 +203,7 @@ TEST(ForwardWorkspace, OverlappingATensorIsRefused) {
 
 TEST(ForwardWorkspaceSize, NeedsNoDeviceAndGrowsWithTheHeadDim) {
   size_t previous = 0;
-  for (const int64_t headdim : {64, 128, 256}) {
+  for (const int64_t headdim : {64, 128, 192, 256}) {
     const Tensor q = Tensor::contiguous(far_address(1), DType::kBFloat16, 2, 1000, 8, headdim);
     size_t bytes = 0;
     const Status s = flash3::forward_workspace_size(q, &bytes);

@@ -81,7 +81,7 @@ Status dispatch(const ForwardParams& p, cudaStream_t stream) {
     return dispatch_fp8(p, stream);
   }
   return visit_dtype(kForwardCall, p.dtype, [&](auto dtype) {
-    return visit_headdim(kForwardCall, p.headdim, [&](auto headdim) {
+    return visit_headdim<ForwardHeadDims>(kForwardCall, p.headdim, [&](auto headdim) {
       constexpr DType kDType = decltype(dtype)::value;
       constexpr int kHeadDim = decltype(headdim)::value;
       return launch_if_built<kKernelBuilt<kDType, kHeadDim>, kDType, kHeadDim>(

@@ -206,15 +206,17 @@ bool float_span(const float* data, uint64_t count, Span* span) {
   return true;
 }
 
-Status check_headdim(int64_t d) {
-  if (!contains(HeadDims{}, d)) {
-    return unsupported("headdim = ", d, " is not supported; supported: ", list_text(HeadDims{}));
+Status check_headdim(int64_t d, HeadDimsOf of) {
+  const bool forward = of == HeadDimsOf::kForward;
+  if (forward ? !contains(ForwardHeadDims{}, d) : !contains(HeadDims{}, d)) {
+    return unsupported("headdim = ", d, " is not supported; supported: ",
+                       forward ? list_text(ForwardHeadDims{}) : list_text(HeadDims{}));
   }
   return Status{};
 }
 
-Status check_headdim_first(const Tensor& q) {
-  return q.shape[3] > 0 ? check_headdim(q.shape[3]) : Status{};
+Status check_headdim_first(const Tensor& q, HeadDimsOf of) {
+  return q.shape[3] > 0 ? check_headdim(q.shape[3], of) : Status{};
 }
 
 Strides3 strides_of(const Tensor& t) {

@@ -105,12 +105,15 @@ Status check_forward_workspace(const ForwardOptions& options,
                                std::initializer_list<NamedSpan> spans);
 
 // Unsupported (naming the head dims the kernels have) unless d is one of
-// them (sm90/head_dims.hpp).
-Status check_headdim(int64_t d);
+// them (sm90/head_dims.hpp): the 16-bit forward's (kForward, with the
+// KV-cache append) or the others' (the backward, quantization, the FP8 V
+// layout).
+enum class HeadDimsOf { kForward, kOthers };
+Status check_headdim(int64_t d, HeadDimsOf of = HeadDimsOf::kOthers);
 // check_headdim of q's head dim when it is positive, before the tensors'
 // own checks: a head dim without a kernel (d = 59) is refused as such rather
 // than blamed on the strides it makes (59 x 2 bytes is not a multiple of 16).
-Status check_headdim_first(const Tensor& q);
+Status check_headdim_first(const Tensor& q, HeadDimsOf of = HeadDimsOf::kOthers);
 
 // The (batch, seqlen, heads, headdim) sizes of a validated tensor into params.
 template <class Params>

@@ -34,7 +34,7 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     const char* name;
     const Tensor& t;
   } tensors[] = {{"q", q}, {"k", k}, {"v", v}, {"out", out}};
-  if (Status s = check_headdim_first(q); !s.ok()) {
+  if (Status s = check_headdim_first(q, HeadDimsOf::kForward); !s.ok()) {
     return s;
   }
   for (const auto& [name, t] : tensors) {
@@ -111,7 +111,7 @@ Status validate_forward_workspace_size(const Tensor& q, size_t* bytes) {
       }
     };
     // Only what the size depends on: the head dim (and a dtype a forward takes).
-    if (Status s = check_headdim(q.shape[3]); !s.ok()) {
+    if (Status s = check_headdim(q.shape[3], HeadDimsOf::kForward); !s.ok()) {
       return s;
     }
     if (Status s = any_forward_dtype("q", q.dtype); !s.ok()) {

@@ -35,7 +35,7 @@ Status check_same_shape(const char* name, const Tensor& t, const char* like, con
 Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                     const KvCache& cache, const KvCacheAppend& a, KvAppendParams* p) {
   const bool rotary = a.rotary_cos != nullptr || a.rotary_sin != nullptr;
-  if (Status s = check_headdim_first(q); !s.ok()) {
+  if (Status s = check_headdim_first(q, HeadDimsOf::kForward); !s.ok()) {
     return s;
   }
   const std::pair<const char*, const Tensor&> tensors[] = {

@@ -10,7 +10,9 @@
 
 namespace flash3::detail {
 
-// Forward, backward, quantization and the FP8 V layout; the FP8 forward.
+// The 16-bit forward (and the KV-cache append); the backward, quantization
+// and the FP8 V layout; the FP8 forward.
+using ForwardHeadDims = std::integer_sequence<int, 64, 128, 192, 256>;
 using HeadDims = std::integer_sequence<int, 64, 128, 256>;
 using Fp8HeadDims = std::integer_sequence<int, 128, 256>;
 

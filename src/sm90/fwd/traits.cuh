@@ -130,6 +130,22 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
 template <>
 inline constexpr int kShortMaxSeqlen<false, 128, false> = 2048;
 template <bool kCausal, bool kShort>
+struct TileConfig<192, kCausal, kShort> : LoopDefaults {
+  // FlashAttention-3's 128 x 112 tile (issue 25; design.md): O 96 registers
+  // per thread, S 56, P 28; 48 KB Q + 4 x 42 KB K/V = 216 KB. A first
+  // configuration, not yet measured: head dim 256's loop details (O staged
+  // in the V ring when causal, in Q otherwise; the softmax under the PV
+  // GEMM; max slack and four sum chains; the causal first block's hidden
+  // keys skipped), no short variant.
+  static constexpr int kBlockM = 128, kBlockN = 112, kStages = 2;
+  static constexpr OStore kOStore = kCausal ? OStore::kInVStages : OStore::kInQTile;
+  static constexpr bool kSoftmaxUnderPv = true;
+  static constexpr bool kDescAdd = kCausal;
+  static constexpr int kMaxSlackLog2 = 8;
+  static constexpr bool kSumChains = true;
+  static constexpr bool kSkipHiddenKeys = kCausal;
+};
+template <bool kCausal, bool kShort>
 struct TileConfig<256, kCausal, kShort> : LoopDefaults {
   // O alone takes 128 registers per thread, so S stays at 80 columns (40
   // regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits. Short causal
