@@ -98,6 +98,15 @@ struct Traits {
 
   static_assert(kHeadDim % kSwizzleCols == 0 && kBlockM % kSwizzleCols == 0,
                 "tiles fill whole swizzle rows");
+  // A warpgroup's columns of an MN-major operand (Mainloop's gemm_dq and
+  // gemm_accumulate_kv*): whole swizzle blocks, or (dQ) a part of one; a
+  // range that starts inside a block and runs into the next has no
+  // descriptor. Head dim 192 split in two 96-column halves would be one
+  // (design.md: its backward).
+  static_assert(!kDimSplit || kDkvCols % kSwizzleCols == 0,
+                "a warpgroup's dK/dV columns start a swizzle block");
+  static_assert(kDqCols % kSwizzleCols == 0 || kSwizzleCols % kDqCols == 0,
+                "a warpgroup's dQ columns are whole swizzle blocks or within one");
   static_assert(kDqAccRegs % 4 == 0, "dQ leaves in float4 chunks");
 };
 
