@@ -30,7 +30,7 @@ void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<
   if (s.heads_k < 1 || s.heads_q % s.heads_k != 0) {
     throw std::invalid_argument("flash3::ref: heads_q must be a multiple of heads_k");
   }
-  if (q.size() != s.q_size() || k.size() != s.kv_size() || v.size() != s.kv_size()) {
+  if (q.size() != s.q_size() || k.size() != s.kv_size() || v.size() != s.v_size()) {
     throw std::invalid_argument("flash3::ref: q, k or v does not match the shape");
   }
 }
@@ -53,6 +53,9 @@ void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<
 void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
                  const std::vector<float>& v, const std::vector<float>& dout) {
   check_sizes(s, q, k, v);
+  if (s.dv() != s.headdim) {
+    throw std::invalid_argument("flash3::ref: the backward takes v of q's head dim");
+  }
   if (dout.size() != s.q_size()) {
     throw std::invalid_argument("flash3::ref: dout does not match the shape");
   }
@@ -127,12 +130,18 @@ struct Problem {
   int kv_head(int h) const { return h / (shape.heads_q / shape.heads_k); }
   KeyRange keys(int i) const { return visible_key_range(shape, causal, variant, i); }
   bool has_sinks() const { return !variant.sinks.empty(); }
-  // Row i of query head h (q, out, dout) and row j of kv head `kv` (k, v) in batch b.
+  // Row i of query head h (q, dout; out) and row j of kv head `kv` (k; v) in batch b.
   size_t q_offset(int b, int i, int h) const {
     return offset(b, i, h, shape.seqlen_q, shape.heads_q, shape.headdim);
   }
   size_t kv_offset(int b, int j, int kv) const {
     return offset(b, j, kv, shape.seqlen_k, shape.heads_k, shape.headdim);
+  }
+  size_t out_offset(int b, int i, int h) const {
+    return offset(b, i, h, shape.seqlen_q, shape.heads_q, shape.dv());
+  }
+  size_t v_offset(int b, int j, int kv) const {
+    return offset(b, j, kv, shape.seqlen_k, shape.heads_k, shape.dv());
   }
 };
 
@@ -196,12 +205,12 @@ RowSoftmax<Acc> attend_row(const Problem& p, int b, int h, int i, Acc scale, con
   }
   for (int j = keys.first; j < keys.end; ++j) {
     const Acc weight = round(probs[j - keys.first] / softmax.sum);
-    const float* v_row = p.v + p.kv_offset(b, j, p.kv_head(h));
-    for (int x = 0; x < p.shape.headdim; ++x) {
+    const float* v_row = p.v + p.v_offset(b, j, p.kv_head(h));
+    for (int x = 0; x < p.shape.dv(); ++x) {
       out_row[x] += weight * static_cast<Acc>(v_row[x]);
     }
   }
-  for (int x = 0; x < p.shape.headdim; ++x) {
+  for (int x = 0; x < p.shape.dv(); ++x) {
     out_row[x] = round(out_row[x]);
   }
   return softmax;
@@ -346,6 +355,10 @@ size_t Shape::q_size() const { return static_cast<size_t>(batch) * seqlen_q * he
 
 size_t Shape::kv_size() const { return static_cast<size_t>(batch) * seqlen_k * heads_k * headdim; }
 
+size_t Shape::out_size() const { return static_cast<size_t>(batch) * seqlen_q * heads_q * dv(); }
+
+size_t Shape::v_size() const { return static_cast<size_t>(batch) * seqlen_k * heads_k * dv(); }
+
 size_t Shape::lse_size() const { return static_cast<size_t>(batch) * heads_q * seqlen_q; }
 
 int visible_keys(const Shape& shape, bool causal, int row) {
@@ -384,12 +397,12 @@ Reference attention_forward(const Shape& shape, const std::vector<float>& q,
                             const std::vector<float>& k, const std::vector<float>& v,
                             double softmax_scale, bool causal, const Variant& variant) {
   check_sizes(shape, q, k, v, variant);
-  Reference r{std::vector<double>(shape.q_size()), std::vector<double>(shape.lse_size())};
+  Reference r{std::vector<double>(shape.out_size()), std::vector<double>(shape.lse_size())};
   const Problem p{shape, q.data(), k.data(), v.data(), causal, variant};
   for_each_row(shape.batch, shape.heads_q, shape.seqlen_q, [&](int b, int h, int i) {
     const size_t lse_row = (static_cast<size_t>(b) * shape.heads_q + h) * shape.seqlen_q + i;
     r.lse[lse_row] =
-        attend_row<double>(p, b, h, i, softmax_scale, exact, &r.out[p.q_offset(b, i, h)]).lse();
+        attend_row<double>(p, b, h, i, softmax_scale, exact, &r.out[p.out_offset(b, i, h)]).lse();
   });
   return r;
 }
@@ -406,11 +419,11 @@ std::vector<float> attention_forward_plain(HalfType type, const Shape& shape,
                                            const std::vector<float>& v, float softmax_scale,
                                            bool causal, const Variant& variant) {
   check_sizes(shape, q, k, v, variant);
-  std::vector<float> out(shape.q_size());
+  std::vector<float> out(shape.out_size());
   const Problem p{shape, q.data(), k.data(), v.data(), causal, variant};
   const auto to_type = [type](float x) { return round_to(type, x); };
   for_each_row(shape.batch, shape.heads_q, shape.seqlen_q, [&](int b, int h, int i) {
-    attend_row<float>(p, b, h, i, softmax_scale, to_type, &out[p.q_offset(b, i, h)]);
+    attend_row<float>(p, b, h, i, softmax_scale, to_type, &out[p.out_offset(b, i, h)]);
   });
   return out;
 }

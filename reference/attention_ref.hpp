@@ -25,9 +25,13 @@ struct Shape {
   int heads_q = 1;
   int heads_k = 1;
   int headdim = 1;
+  int headdim_v = 0;  // of v and out, 0: headdim (the forward only; the backward takes 0)
 
-  size_t q_size() const;    // elements of q and of out
-  size_t kv_size() const;   // elements of k and of v
+  int dv() const { return headdim_v > 0 ? headdim_v : headdim; }
+  size_t q_size() const;    // elements of q (and of out, dout with dv() == headdim)
+  size_t kv_size() const;   // elements of k (and of v with dv() == headdim)
+  size_t out_size() const;  // elements of out: q's rows of dv()
+  size_t v_size() const;    // elements of v: k's rows of dv()
   size_t lse_size() const;  // rows: batch * heads_q * seqlen_q
 };
 

@@ -65,7 +65,11 @@ const char* layout_name(Layout layout) {
 
 std::string ForwardCase::name() const {
   std::ostringstream os;
-  os << kernel_label(dtype, shape.headdim) << "_b" << shape.batch
+  os << kernel_label(dtype, shape.headdim);
+  if (shape.dv() != shape.headdim) {
+    os << "_v" << shape.dv();  // v's and out's head dim
+  }
+  os << "_b" << shape.batch
      << "_q" << shape.seqlen_q << "_k" << shape.seqlen_k << "_h" << shape.heads_q << "_kv"
      << shape.heads_k << (causal ? "_causal" : "");
   if (layout != Layout::kContiguous) {
@@ -103,7 +107,7 @@ Inputs random_inputs(const ForwardCase& c) {
   Inputs in;
   in.q = draw(c.shape.q_size());
   in.k = draw(c.shape.kv_size());
-  in.v = draw(c.shape.kv_size());
+  in.v = draw(c.shape.v_size());
   return in;
 }
 
@@ -181,6 +185,9 @@ Placement place(const ForwardCase& c) {
     if (s.seqlen_q != s.seqlen_k) {
       throw std::invalid_argument("packed qkv needs seqlen_q == seqlen_k");
     }
+    if (s.dv() != s.headdim) {
+      throw std::invalid_argument("packed qkv needs one head dim");
+    }
     const int64_t row = int64_t{s.heads_q + 2 * s.heads_k} * s.headdim;
     const std::array<int64_t, 4> stride = {s.seqlen_k * row, row, s.headdim, 1};
     p.q = {0, {s.batch, s.seqlen_q, s.heads_q, s.headdim}, stride};
@@ -193,9 +200,9 @@ Placement place(const ForwardCase& c) {
   } else {
     p.q = own_view(c.layout, 0, s.batch, s.seqlen_q, s.heads_q, s.headdim);
     p.k = own_view(c.layout, extent(p.q), s.batch, s.seqlen_k, s.heads_k, s.headdim);
-    p.v = own_view(c.layout, p.k.offset + extent(p.k), s.batch, s.seqlen_k, s.heads_k, s.headdim);
+    p.v = own_view(c.layout, p.k.offset + extent(p.k), s.batch, s.seqlen_k, s.heads_k, s.dv());
     p.inputs_size = p.v.offset + extent(p.v);
-    p.out = own_view(c.layout, 0, s.batch, s.seqlen_q, s.heads_q, s.headdim);
+    p.out = own_view(c.layout, 0, s.batch, s.seqlen_q, s.heads_q, s.dv());
   }
   p.out_size = extent(p.out);
   return p;
@@ -293,7 +300,7 @@ Output DeviceProblem::download() const {
   check_cuda(
       cudaMemcpy(o.lse.data(), lse_.get(), o.lse.size() * sizeof(float), cudaMemcpyDeviceToHost),
       "download lse");
-  o.out.resize(case_.shape.q_size());
+  o.out.resize(case_.shape.out_size());
   std::vector<bool> in_view(bits.size());
   const ref::HalfType type = half_type(case_.dtype);
   for_each_element(place_.out, [&](size_t logical, size_t index) {

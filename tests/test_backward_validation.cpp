@@ -249,6 +249,8 @@ const InvalidBackwardCase kCases[] = {
      "k.shape[3] (headdim) = 128 differs from q's 64"},
     {"VBatchMismatch", [](P& p) { set_dims(p.v, 1, 16, 2, 64); }, Code::kInvalidArgument,
      "v.shape[0] (batch) = 1 differs from q's 2"},
+    {"VHeadDimOfItsOwn", [](P& p) { set_dims(p.v, 2, 16, 2, 128); }, Code::kUnsupported,
+     "v.shape[3] (headdim) = 128 differs from q's 64: the backward takes v of q's head dim only"},
     {"HeadsNotAMultiple", [](P& p) { set_q_side(p, 2, 8, 3, 64); }, Code::kInvalidArgument,
      "q.shape[2] (heads_q) = 3 is not a multiple of k.shape[2] (heads_k) = 2"},
     {"KvSeqlenMismatch", [](P& p) { set_dims(p.v, 2, 15, 2, 64); }, Code::kInvalidArgument,

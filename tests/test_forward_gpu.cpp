@@ -22,6 +22,12 @@ namespace {
 
 constexpr int kHeadDims[] = {64, 128, 192, 256};
 
+// Head dims of q and k, and of v and out (head_dims.hpp: ForwardValueDims).
+struct HeadDimPair {
+  int d, dv;
+};
+constexpr HeadDimPair kHeadDimPairs[] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
+
 class ForwardTest : public HopperTest {
  protected:
   // Each case in turn (on inputs(case)), until one finds its kernel missing
@@ -111,15 +117,15 @@ constexpr struct {
 
 constexpr float kCustomScales[] = {0.5f, 0.03f};
 
-using SweepParam = std::tuple<DType, int, bool>;  // dtype, headdim, causal
+using SweepParam = std::tuple<DType, HeadDimPair, bool>;  // dtype, head dims, causal
 
 class ForwardSweep : public ForwardTest, public ::testing::WithParamInterface<SweepParam> {
  protected:
   ForwardCase make(const Dims& d, Layout layout = Layout::kContiguous, float scale = 0.0f) const {
-    const auto& [dtype, headdim, causal] = GetParam();
+    const auto& [dtype, dims, causal] = GetParam();
     ForwardCase c;
     c.dtype = dtype;
-    c.shape = {d.batch, d.seqlen_q, d.seqlen_k, d.heads_q, d.heads_k, headdim};
+    c.shape = {d.batch, d.seqlen_q, d.seqlen_k, d.heads_q, d.heads_k, dims.d, dims.dv};
     c.causal = causal;
     c.softmax_scale = scale;
     c.layout = layout;
@@ -218,7 +224,10 @@ TEST_P(ForwardSweep, ScoresRiseAcrossKeyBlocks) {
 TEST_P(ForwardSweep, StridedLayouts) {
   std::vector<ForwardCase> cases;
   for (const auto& [layout, dims] : kLayoutCases) {
-    cases.push_back(make(dims, layout));
+    const HeadDimPair head_dims = std::get<1>(GetParam());
+    if (layout != Layout::kPackedQkv || head_dims.dv == head_dims.d) {  // packed: one head dim
+      cases.push_back(make(dims, layout));
+    }
   }
   expect_all_match_reference(cases);
 }
@@ -232,13 +241,14 @@ TEST_P(ForwardSweep, SoftmaxScale) {
 }
 
 std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
-  const auto& [dtype, headdim, causal] = info.param;
-  return kernel_label(dtype, headdim) + (causal ? "_causal" : "_noncausal");
+  const auto& [dtype, dims, causal] = info.param;
+  return kernel_label(dtype, dims.d) + (dims.dv != dims.d ? "_v" + std::to_string(dims.dv) : "") +
+         (causal ? "_causal" : "_noncausal");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, ForwardSweep,
                          ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::ValuesIn(kHeadDims), ::testing::Bool()),
+                                            ::testing::ValuesIn(kHeadDimPairs), ::testing::Bool()),
                          sweep_name);
 
 // Small cases for compute-sanitizer: --gtest_filter='SanitizeForward*'.
@@ -293,6 +303,16 @@ TEST_F(SanitizeForward, Bf16D192CausalSteps) {
 
 TEST_F(SanitizeForward, Fp16D192Seqlen300Gqa) {
   expect_matches_reference({DType::kFloat16, {2, 300, 333, 8, 2, 192}, false});
+}
+
+// v and out of head dim 128 beside q and k of 192 (DeepSeek's (192, 128)):
+// 128-key blocks, O in the V ring when causal, in Q otherwise.
+TEST_F(SanitizeForward, Bf16D192V128CausalSteps) {
+  expect_matches_reference({DType::kBFloat16, {8, 1100, 1100, 2, 2, 192, 128}, true});
+}
+
+TEST_F(SanitizeForward, Fp16D192V128Seqlen300Gqa) {
+  expect_matches_reference({DType::kFloat16, {2, 300, 333, 8, 2, 192, 128}, false});
 }
 
 TEST_F(SanitizeForward, Fp16D256CausalStepsGqa) {

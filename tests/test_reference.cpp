@@ -5,6 +5,7 @@
 #include <initializer_list>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -205,6 +206,38 @@ TEST(Reference, BatchesAreIndependent) {
     expect_near_all(r.lse, {both.lse.begin() + b * one.lse_size(),
                             both.lse.begin() + (b + 1) * one.lse_size()});
   }
+}
+
+// v of its own head dim (dv != d): each output column is that of the same
+// problem whose v holds only that column (the weights depend on q and k
+// alone), and the lse is the same; the plain emulation sizes out the same
+// way, and the backward refuses it.
+TEST(Reference, ValueHeadDimOfItsOwn) {
+  Shape s{2, 7, 9, 4, 2, 6};
+  s.headdim_v = 3;
+  const Inputs in{random_values(s.q_size(), 51), random_values(s.kv_size(), 52),
+                  random_values(s.v_size(), 53)};
+  ASSERT_EQ(s.out_size(), s.q_size() / 2);
+  for (const bool causal : {false, true}) {
+    const Reference all = attention_forward(s, in.q, in.k, in.v, 0.5, causal);
+    Shape one = s;
+    one.headdim_v = 1;
+    for (int x = 0; x < s.dv(); ++x) {
+      std::vector<float> column(one.v_size());
+      for (size_t row = 0; row < column.size(); ++row) {
+        column[row] = in.v[row * s.dv() + x];
+      }
+      const Reference r = attention_forward(one, in.q, in.k, column, 0.5, causal);
+      for (size_t row = 0; row < r.out.size(); ++row) {
+        ASSERT_NEAR(r.out[row], all.out[row * s.dv() + x], kExact) << "column " << x;
+      }
+      expect_near_all(r.lse, all.lse);
+    }
+    EXPECT_EQ(attention_forward_plain(HalfType::kBFloat16, s, in.q, in.k, in.v, 0.5f, causal).size(),
+              s.out_size());
+  }
+  const std::vector<float> dout(s.out_size());
+  EXPECT_THROW(attention_backward(s, in.q, in.k, in.v, dout, 0.5, false), std::invalid_argument);
 }
 
 // The plain emulation's error: nonzero, small, larger for bf16 than for fp16,

@@ -57,6 +57,26 @@ const InvalidForwardCase kCases[] = {
      "headdim = 32 is not supported"},
     {"HeadDimMismatch", [](HostProblem& p) { set_headdim(p.k, 128); }, Code::kInvalidArgument,
      "k.shape[3] (headdim) = 128 differs"},
+    // v (and out) of a head dim of their own: 128 beside 192 only.
+    {"ValueHeadDimBeside64",
+     [](HostProblem& p) {
+       set_headdim(p.v, 128);
+       set_headdim(p.out, 128);
+     },
+     Code::kUnsupported,
+     "v.shape[3] (headdim) = 128 differs from q's 64; v's head dim beside q's 64 must be one of 64"},
+    {"ValueHeadDim64Beside192",
+     [](HostProblem& p) {
+       set_headdim(p.q, 192);
+       set_headdim(p.k, 192);
+     },
+     Code::kUnsupported, "v's head dim beside q's 192 must be one of 192, 128"},
+    {"OutHeadDimNotVs",
+     [](HostProblem& p) {
+       set_headdim_all(p, 192);
+       set_headdim(p.v, 128);
+     },
+     Code::kInvalidArgument, "out.shape[3] (headdim) = 192 differs from v's 128"},
     {"HeadsNotAMultiple",
      [](HostProblem& p) {
        set_dims(p.q, 2, 8, 3, 64);
@@ -393,6 +413,19 @@ void expect_reaches_the_device(const Status& s) {
       << s.message;
 }
 
+// v and out of head dim 128 beside q and k of 192 (DeepSeek's (192, 128)),
+// dense and from a KV cache.
+TEST(ValidForward, ValueHeadDim128Beside192ReachesTheDevice) {
+  KvCacheProblem p;
+  set_headdim(p.q, 192);
+  set_headdim(p.k, 192);
+  set_headdim(p.v, 128);
+  set_headdim(p.out, 128);
+  expect_reaches_the_device(p.call());
+  expect_reaches_the_device(p.call_kvcache());
+  EXPECT_TRUE(p.untouched());
+}
+
 TEST(ForwardKvCache, ValidArgumentsReachTheDevice) {
   KvCacheProblem p;
   expect_reaches_the_device(p.call_kvcache());
@@ -524,6 +557,27 @@ TEST(KvCacheAppend, ValidArgumentsReachTheDevice) {
   expect_reaches_the_device(p.call_append());
   p.use_pages();
   expect_reaches_the_device(p.call_append());
+}
+
+// The append's v_new and v_cache of head dim 128 beside q's 192: v_new's
+// head dim is v_cache's.
+TEST(KvCacheAppend, ValueHeadDimOfItsOwn) {
+  KvAppendProblem p;
+  for (Tensor* t : {&p.q, &p.k, &p.append.k_new, &p.append.q_rotated}) {
+    set_headdim(*t, 192);
+  }
+  p.append.v_new.data = offset_bytes(p.new_buffer.data(), 8192);
+  for (Tensor* t : {&p.v, &p.append.v_new}) {
+    set_headdim(*t, 128);
+  }
+  expect_reaches_the_device(p.call_append());
+  set_headdim(p.append.v_new, 192);
+  expect_append_refused(p, Code::kInvalidArgument,
+                        "append.v_new.shape[3] (headdim) = 192 differs from v_cache's 128");
+  set_headdim(p.append.v_new, 128);
+  set_headdim(p.v, 64);
+  expect_append_refused(p, Code::kUnsupported,
+                        "v_cache.shape[3] (headdim) = 64 differs from q's 192");
 }
 
 TEST(KvCacheAppend, RefusesBadArguments) {

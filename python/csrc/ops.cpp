@@ -20,6 +20,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
@@ -248,9 +249,19 @@ Tensor lse_like(const Tensor& q) {
   return at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat));
 }
 
-std::tuple<Tensor, Tensor> forward_outputs(const Tensor& q) {
+// out like q, but of v's head dim (FlashAttention-3's dv != d: then contiguous).
+Tensor out_like(const Tensor& q, const Tensor& v) {
+  if (v.dim() != q.dim() || v.size(-1) == q.size(-1)) {
+    return at::empty_like(q);
+  }
+  std::vector<int64_t> sizes = q.sizes().vec();
+  sizes.back() = v.size(-1);
+  return at::empty(sizes, q.options());
+}
+
+std::tuple<Tensor, Tensor> forward_outputs(const Tensor& q, const Tensor& v) {
   TORCH_CHECK_VALUE(q.dim() == 4, "flash3: q must be a 4-d tensor (batch, seqlen, heads, headdim)");
-  return {at::empty_like(q), lse_like(q)};
+  return {out_like(q, v), lse_like(q)};
 }
 
 std::tuple<Tensor, Tensor, Tensor> backward_outputs(const Tensor& q, const Tensor& k,
@@ -375,7 +386,7 @@ std::tuple<Tensor, Tensor> fwd_cuda(const Tensor& q, const Tensor& k, const Tens
                                     const std::optional<Tensor>& sinks, int64_t window_left,
                                     int64_t window_right, int64_t attention_chunk,
                                     double softcap) {
-  auto [out, lse] = forward_outputs(q);
+  auto [out, lse] = forward_outputs(q, v);
   forward_into(q, k, v, out, lse, softmax_scale, causal, sinks, window_left, window_right, attention_chunk,
                softcap);
   return {out, lse};
@@ -534,10 +545,10 @@ std::tuple<Tensor, Tensor> combine_cuda(const Tensor& out_partial, const Tensor&
 
 // Varlen (FlashAttention's packed layout): q, k, v (total, heads, headdim),
 // out like q, lse (heads_q, total_q); flash3 sees them as batch 1.
-std::tuple<Tensor, Tensor> varlen_outputs(const Tensor& q) {
+std::tuple<Tensor, Tensor> varlen_outputs(const Tensor& q, const Tensor& v) {
   TORCH_CHECK_VALUE(q.dim() == 3, "flash3: q must be a 3-d tensor (total_q, heads, headdim) for "
                     "a varlen batch, got ", q.dim(), " dimensions");
-  return {at::empty_like(q), at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))};
+  return {out_like(q, v), at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))};
 }
 
 const int* offsets_of(const Tensor& cu, const char* name, const at::Device& device) {
@@ -589,7 +600,7 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                                            bool /*deterministic: the backward's*/,
                                            int64_t window_left, int64_t window_right, int64_t attention_chunk,
                                            double softcap) {
-  auto [out, lse] = varlen_outputs(q);
+  auto [out, lse] = varlen_outputs(q, v);
   OnDevice on(q, "q");
   const at::Device device = q.device();
   for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"k", k}, {"v", v}}) {
@@ -681,13 +692,13 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_meta(
   return varlen_backward_outputs(q, k, v, seqused_q.has_value(), seqused_k.has_value());
 }
 
-std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const Tensor&,
+std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const Tensor& v,
                                            const Tensor&, const Tensor&, int64_t,
                                            std::optional<double>, bool,
                                            const std::optional<Tensor>&,
                                            const std::optional<Tensor>&, bool, int64_t, int64_t,
                                            int64_t, double) {
-  return varlen_outputs(q);
+  return varlen_outputs(q, v);
 }
 
 // KV cache (FlashAttention's flash_attn_with_kvcache without pages or
@@ -734,7 +745,7 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
                                             const std::optional<Tensor>& cache_leftpad,
                                             int64_t window_left, int64_t window_right, int64_t attention_chunk,
                                             double softcap) {
-  auto [out, lse] = forward_outputs(q);
+  auto [out, lse] = forward_outputs(q, v_cache);
   OnDevice on(q, "q");
   const at::Device device = q.device();
   const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k_cache, "k_cache", device),
@@ -749,13 +760,13 @@ std::tuple<Tensor, Tensor> fwd_kvcache_cuda(const Tensor& q, const Tensor& k_cac
   return {out, lse};
 }
 
-std::tuple<Tensor, Tensor> fwd_kvcache_meta(const Tensor& q, const Tensor&, const Tensor&,
+std::tuple<Tensor, Tensor> fwd_kvcache_meta(const Tensor& q, const Tensor&, const Tensor& v_cache,
                                             const Tensor&, const std::optional<Tensor>&,
                                             std::optional<double>, bool,
                                             const std::optional<Tensor>&,
                                             const std::optional<Tensor>&, int64_t, int64_t,
                                             int64_t, double) {
-  return forward_outputs(q);
+  return forward_outputs(q, v_cache);
 }
 
 // New tokens for a KV cache (FlashAttention-3's k, v and rotary arguments of
@@ -840,11 +851,11 @@ void refuse_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 // ------------------------------------------------------------- Meta kernels
-std::tuple<Tensor, Tensor> fwd_meta(const Tensor& q, const Tensor&, const Tensor&,
+std::tuple<Tensor, Tensor> fwd_meta(const Tensor& q, const Tensor&, const Tensor& v,
                                     std::optional<double>, bool, bool,
                                     const std::optional<Tensor>&, int64_t, int64_t, int64_t,
                                     double) {
-  return forward_outputs(q);
+  return forward_outputs(q, v);
 }
 
 void fwd_out_meta(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,

@@ -74,22 +74,13 @@ def _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale):
         raise _not_supported("softmax_scale", softmax_scale)
 
 
-def _refuse_other_dv(q, v):
-    """v's head dim other than q's (FlashAttention-3's dv != d): not yet (a NotImplementedError,
-    where the library's shape check would give a ValueError)."""
-    if isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == v.dim() \
-            and v.shape[-1] != q.shape[-1]:
-        raise NotImplementedError(f"flash3: v's head dim {v.shape[-1]} differs from q's {q.shape[-1]} "
-                                  "(dv != d) and is not supported yet")
-
-
 def _forward(q, k, v, softmax_scale, causal, out=None, softmax_lse=None):
     """(out, softmax_lse) of the 16-bit forward, into out and softmax_lse when given (tests
     poison them first to see that every element is written)."""
     if out is None and softmax_lse is None:
         return ops.fwd(q, k, v, softmax_scale, causal)
     if out is None:
-        out = torch.empty_like(q)
+        out = q.new_empty(*q.shape[:-1], v.shape[-1])
     if softmax_lse is None:
         softmax_lse = torch.empty(q.shape[0], q.shape[2], q.shape[1], dtype=torch.float32, device=q.device)
     ops.fwd_out(q, k, v, out, softmax_lse, softmax_scale, causal)
@@ -177,7 +168,6 @@ def flash_attn_func(
     if qv is not None or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale)
     window_left, window_right = _window(window_size)
-    _refuse_other_dv(q, v)
     fp8 = isinstance(q, torch.Tensor) and q.dtype == torch.float8_e4m3fn
     if fp8 and sinks is not None:
         raise _not_supported("sinks with float8_e4m3fn inputs", sinks)
@@ -265,7 +255,6 @@ def flash_attn_varlen_func(
         _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale)
     window_left, window_right = _window(window_size)
     _refuse_given(("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
-    _refuse_other_dv(q, v)
     out, softmax_lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
                                       seqused_q, seqused_k, deterministic, window_left, window_right,
                                       attention_chunk, softcap)
@@ -331,7 +320,6 @@ def flash_attn_with_kvcache(
     _refuse_given(("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k_new", cu_seqlens_k_new),
                   ("max_seqlen_q", max_seqlen_q),
                   ("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
-    _refuse_other_dv(q, v_cache)
     if (k is None) != (v is None):
         raise ValueError("flash3: k and v (the new keys and values) go together")
     if k is None and (rotary_cos is not None or rotary_sin is not None):

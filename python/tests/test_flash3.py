@@ -170,12 +170,6 @@ def test_unsupported_arguments_are_named(name, value):
         flash_attn_func(q, q, q, **{name: value})
 
 
-def test_v_head_dim_other_than_q_is_not_supported_yet():
-    q = torch.randn(1, 128, 2, 64)
-    with pytest.raises(NotImplementedError, match=r"v's head dim 128 differs from q's 64 \(dv != d\)"):
-        flash_attn_func(q, q, torch.randn(1, 128, 2, 128))
-
-
 @pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])
 def test_descales_are_for_fp8_inputs_only(name):
     q = torch.randn(1, 128, 2, 64)

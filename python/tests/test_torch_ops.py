@@ -63,6 +63,47 @@ def test_fake_implementations_give_the_outputs_shapes():
     assert out_c.shape == q.shape and out_c.stride() == q.stride() and lse_c.shape == (2, 8, 100)
 
 
+def test_fake_implementations_give_out_v_head_dim():
+    # FlashAttention-3's dv != d: out takes v's head dim (contiguous), lse and dq are as before.
+    q = torch.empty(2, 100, 8, 192, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(2, 300, 2, 192, device="meta", dtype=torch.bfloat16)
+    v = torch.empty(2, 300, 2, 128, device="meta", dtype=torch.bfloat16)
+    out, lse = ops.fwd(q, k, v, None, True)
+    assert out.shape == (2, 100, 8, 128) and out.is_contiguous() and lse.shape == (2, 8, 100)
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    out_v, _ = ops.fwd_varlen(q[0], k[0], v[0], cu, cu, 100)
+    assert out_v.shape == (100, 8, 128)
+    seqlens = torch.empty(2, dtype=torch.int32, device="meta")
+    out_c, _ = ops.fwd_kvcache(q, k, v, seqlens, None, None, True)
+    assert out_c.shape == (2, 100, 8, 128)
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_v_head_dim_128_beside_192_matches_a_float32_attention(causal):
+    # DeepSeek's (192, 128): dense, varlen and KV cache; the backward refuses it by name,
+    # and so does the forward for a pair it has no kernel for.
+    q, k, _ = qkv(seqlen_q=300, seqlen_k=411, headdim=192)
+    v = torch.randn(2, 411, 2, 128, device="cuda", dtype=torch.bfloat16)
+    out, lse = fai.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    want, want_lse = _attention_in_a_window(q, k, v, causal, (-1, -1))
+    assert out.shape == (2, 300, 4, 128)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
+    cu = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 411, 822], dtype=torch.int32, device="cuda")
+    packed = fai.flash_attn_varlen_func(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu_k, 300, 411,
+                                        causal=causal)
+    torch.testing.assert_close(packed.view_as(out).float(), want, atol=2e-2, rtol=2e-2)
+    cached = fai.flash_attn_with_kvcache(q, k, v, cache_seqlens=411, causal=causal)
+    torch.testing.assert_close(cached.float(), want, atol=2e-2, rtol=2e-2)
+    q.requires_grad_()
+    with pytest.raises(NotImplementedError, match="flash3"):
+        fai.flash_attn_func(q, k, v, causal=causal).sum().backward()
+    with pytest.raises(NotImplementedError, match=r"v's head dim beside q's 128 must be one of 128"):
+        fai.flash_attn_func(*qkv(headdim=128)[:2], torch.randn(2, 333, 2, 64, device="cuda", dtype=torch.bfloat16))
+
+
 def test_fake_implementation_of_combine_gives_the_outputs_shapes():
     # As FlashAttention-3 allocates them: out (batch, seqlen, heads, headdim) in out_dtype
     # (float32 by default), lse (batch, seqlen, heads) transposed from (batch, heads, seqlen).

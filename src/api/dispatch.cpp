@@ -11,16 +11,18 @@
 namespace flash3::detail {
 namespace {
 
-// launch() if the (kind, dtype, head dim) kernel is in this build
-// (FLASH3_KERNELS), else kUnsupported naming it.
-template <bool kBuilt, DType kDType, int kHeadDim, class Launch>
+// launch() if the (kind, dtype, head dim, V's head dim) kernel is in this
+// build (FLASH3_KERNELS), else kUnsupported naming it.
+template <bool kBuilt, DType kDType, int kHeadDim, class Launch, int kHeadDimV = kHeadDim>
 Status launch_if_built(const char* call, const char* kind, const Launch& launch) {
   if constexpr (kBuilt) {
     return launch();
   } else {
+    const std::string v =
+        kHeadDimV == kHeadDim ? "" : " (v headdim " + std::to_string(kHeadDimV) + ")";
     return Status{StatusCode::kUnsupported,
                   std::string(call) + ": the " + kind + dtype_name(kDType) + " headdim " +
-                      std::to_string(kHeadDim) +
+                      std::to_string(kHeadDim) + v +
                       " kernel is not in this build (configure with -DFLASH3_KERNELS=all)"};
   }
 }
@@ -82,10 +84,16 @@ Status dispatch(const ForwardParams& p, cudaStream_t stream) {
   }
   return visit_dtype(kForwardCall, p.dtype, [&](auto dtype) {
     return visit_headdim<ForwardHeadDims>(kForwardCall, p.headdim, [&](auto headdim) {
-      constexpr DType kDType = decltype(dtype)::value;
       constexpr int kHeadDim = decltype(headdim)::value;
-      return launch_if_built<kKernelBuilt<kDType, kHeadDim>, kDType, kHeadDim>(
-          kForwardCall, "", [&] { return launch_forward_sm90<kDType, kHeadDim>(p, stream); });
+      return visit_headdim<ForwardValueDims<kHeadDim>>(kForwardCall, p.headdim_v, [&](auto dv) {
+        constexpr DType kDType = decltype(dtype)::value;
+        constexpr int kHeadDimV = decltype(dv)::value;
+        const auto launch = [&] {
+          return launch_forward_sm90<kDType, kHeadDim, kHeadDimV>(p, stream);
+        };
+        return launch_if_built<kKernelBuilt<kDType, kHeadDim, kHeadDimV>, kDType, kHeadDim,
+                               decltype(launch), kHeadDimV>(kForwardCall, "", launch);
+      });
     });
   });
 }

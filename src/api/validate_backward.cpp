@@ -141,6 +141,10 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (Status s = check_headdim_first(q); !s.ok()) {
     return s;
   }
+  if (v.shape[3] > 0 && v.shape[3] != q.shape[3]) {  // the forward's dv != d
+    return unsupported("v.shape[3] (headdim) = ", v.shape[3], " differs from q's ", q.shape[3],
+                       ": the backward takes v of q's head dim only");
+  }
   for (const auto& [name, t] : tensors) {
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
       return s;

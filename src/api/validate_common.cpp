@@ -219,6 +219,22 @@ Status check_headdim_first(const Tensor& q, HeadDimsOf of) {
   return q.shape[3] > 0 ? check_headdim(q.shape[3], of) : Status{};
 }
 
+Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v_name) {
+  if (v.shape[3] <= 0 || v.shape[3] == q.shape[3]) {
+    return Status{};
+  }
+  const int d = static_cast<int>(q.shape[3]);
+  const auto listed = [&](auto headdim) {
+    using Values = ForwardValueDims<decltype(headdim)::value>;
+    return contains(Values{}, v.shape[3])
+               ? Status{}
+               : unsupported(v_name, ".shape[3] (headdim) = ", v.shape[3], " differs from q's ", d,
+                             "; v's head dim beside q's ", d, " must be one of ",
+                             list_text(Values{}));
+  };
+  return visit_head_dim(ForwardHeadDims{}, d, listed, [] { return Status{}; });
+}
+
 Strides3 strides_of(const Tensor& t) {
   // Dimensions of size 1 may carry any stride (PyTorch's do); give them a
   // harmless one that TMA accepts.
@@ -383,6 +399,7 @@ Status check_forward_workspace(const ForwardOptions& options,
 
 void fill_forward(const Tensor& q, const Tensor& k, const void* v, const Tensor& out,
                   float* softmax_lse, const ForwardOptions& options, ForwardParams* p) {
+  p->headdim_v = static_cast<int>(out.shape[3]);  // v's (the callers check they match)
   p->q = q.data;
   p->k = k.data;
   p->v = v;

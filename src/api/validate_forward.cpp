@@ -26,7 +26,8 @@ Status forward_dtype(const char* name, DType dtype) {
 }
 
 // kv_own_batch: k and v may have a batch count of their own (a KV cache
-// indexed by cache_batch_idx), the same for both.
+// indexed by cache_batch_idx), the same for both. k has q's head dim, out
+// v's (check_value_headdim_first).
 Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                      float* softmax_lse, const ForwardOptions& options, ForwardParams* params,
                      bool kv_own_batch = false) {
@@ -35,6 +36,9 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     const Tensor& t;
   } tensors[] = {{"q", q}, {"k", k}, {"v", v}, {"out", out}};
   if (Status s = check_headdim_first(q, HeadDimsOf::kForward); !s.ok()) {
+    return s;
+  }
+  if (Status s = check_value_headdim_first(q, v); !s.ok()) {
     return s;
   }
   for (const auto& [name, t] : tensors) {
@@ -49,13 +53,13 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     }
   }
   for (const auto& [name, t] : tensors) {
-    if (kv_own_batch && (&t == &k || &t == &v)) {
-      if (t.shape[3] != q.shape[3]) {
-        return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ",
-                       q.shape[3]);
-      }
-    } else if (Status s = check_batch_and_headdim_match_q(name, t, q); !s.ok()) {
-      return s;
+    const bool of_v = &t == &out;  // whose head dim t has: v's, else q's
+    if (&t != &v && t.shape[3] != (of_v ? v : q).shape[3]) {
+      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from ",
+                     of_v ? "v's " : "q's ", (of_v ? v : q).shape[3]);
+    }
+    if (!(kv_own_batch && (&t == &k || &t == &v)) && t.shape[0] != q.shape[0]) {
+      return invalid(name, ".shape[0] (batch) = ", t.shape[0], " differs from q's ", q.shape[0]);
     }
   }
   if (v.shape[0] != k.shape[0]) {

@@ -22,8 +22,11 @@ Status append_dtype(const char* name, DType dtype) {
   return half_dtype(name, dtype);
 }
 
-Status check_same_shape(const char* name, const Tensor& t, const char* like, const Tensor& u) {
-  for (int i = 0; i < 4; ++i) {
+// t's first `dims` sizes those of u (3: all but the head dim, which v may
+// have of its own).
+Status check_same_shape(const char* name, const Tensor& t, const char* like, const Tensor& u,
+                        int dims = 4) {
+  for (int i = 0; i < dims; ++i) {
     if (t.shape[i] != u.shape[i]) {
       return invalid(name, ".shape[", i, "] = ", t.shape[i], " differs from ", like, "'s ",
                      u.shape[i]);
@@ -38,6 +41,9 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   if (Status s = check_headdim_first(q, HeadDimsOf::kForward); !s.ok()) {
     return s;
   }
+  if (Status s = check_value_headdim_first(q, v_cache, "v_cache"); !s.ok()) {
+    return s;
+  }
   const std::pair<const char*, const Tensor&> tensors[] = {
       {"q", q}, {"k_cache", k_cache}, {"v_cache", v_cache},
       {"append.k_new", a.k_new}, {"append.v_new", a.v_new}};
@@ -49,12 +55,13 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
       return invalid(name, ".dtype (", dtype_name(t.dtype), ") differs from q.dtype (",
                      dtype_name(q.dtype), ")");
     }
-    if (t.shape[3] != q.shape[3]) {
-      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ",
-                     q.shape[3]);
+    const bool of_v = &t == &a.v_new;  // whose head dim t has: v_cache's, else q's
+    if (&t != &v_cache && t.shape[3] != (of_v ? v_cache : q).shape[3]) {
+      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from ",
+                     of_v ? "v_cache's " : "q's ", (of_v ? v_cache : q).shape[3]);
     }
   }
-  if (Status s = check_same_shape("v_cache", v_cache, "k_cache", k_cache); !s.ok()) {
+  if (Status s = check_same_shape("v_cache", v_cache, "k_cache", k_cache, 3); !s.ok()) {
     return s;
   }
   if (Status s = check_heads(q, k_cache); !s.ok()) {
@@ -68,7 +75,7 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
     return invalid("append.k_new.shape[2] (heads) = ", a.k_new.shape[2], " differs from k_cache's ",
                    k_cache.shape[2]);
   }
-  if (Status s = check_same_shape("append.v_new", a.v_new, "append.k_new", a.k_new); !s.ok()) {
+  if (Status s = check_same_shape("append.v_new", a.v_new, "append.k_new", a.k_new, 3); !s.ok()) {
     return s;
   }
 
@@ -184,6 +191,7 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
   p->heads_q = static_cast<int>(q.shape[2]);
   p->heads_k = static_cast<int>(k_cache.shape[2]);
   p->headdim = static_cast<int>(q.shape[3]);
+  p->headdim_v = static_cast<int>(v_cache.shape[3]);
   p->kv_batch = static_cast<int>(k_cache.shape[0]);
   p->kv_rows = static_cast<int>(k_cache.shape[1]);
   p->capacity = static_cast<int>(capacity);

@@ -15,6 +15,19 @@ namespace flash3::detail {
 using ForwardHeadDims = std::integer_sequence<int, 64, 128, 192, 256>;
 using HeadDims = std::integer_sequence<int, 64, 128, 256>;
 using Fp8HeadDims = std::integer_sequence<int, 128, 256>;
+// V's (and out's) head dims of the 16-bit forward per head dim of q and k:
+// the same, and 128 beside 192 (DeepSeek's (192, 128), FlashAttention-3's
+// dv != d). The other calls take v of q's head dim.
+template <int kHeadDim>
+struct ForwardValueDimsOf {
+  using type = std::integer_sequence<int, kHeadDim>;
+};
+template <>
+struct ForwardValueDimsOf<192> {
+  using type = std::integer_sequence<int, 192, 128>;
+};
+template <int kHeadDim>
+using ForwardValueDims = typename ForwardValueDimsOf<kHeadDim>::type;
 
 template <int... kDims>
 constexpr bool contains(std::integer_sequence<int, kDims...>, long long d) {

@@ -101,7 +101,8 @@ struct AttentionProblem {
   int seqlen_k = 0;
   int heads_q = 0;
   int heads_k = 0;
-  int headdim = 0;
+  int headdim = 0;    // of q and k
+  int headdim_v = 0;  // of v and out: headdim, or one ForwardValueDims allows (head_dims.hpp)
   float softmax_scale = 0.0f;  // resolved: never 0 here
   bool causal = false;
   // A sliding window (FlashAttention's window_size): query row i sees keys
@@ -291,6 +292,7 @@ struct KvAppendParams : DeviceFields {
 
   DType dtype = DType::kBFloat16;
   int batch = 0, seqlen_q = 0, seqlen_new = 0, heads_q = 0, heads_k = 0, headdim = 0;
+  int headdim_v = 0;        // of v_new and v_cache (ForwardParams::headdim_v)
   int kv_batch = 0;         // cache batches, or pages
   int kv_rows = 0;          // rows per cache batch, or the page size
   int capacity = 0;         // key slots per batch

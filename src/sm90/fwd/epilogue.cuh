@@ -30,6 +30,9 @@ struct Epilogue {
                                                 sizeof(SharedStorage<T>::v[0])),
                 "O in V stages: a stage per warpgroup, each holding its rows; another CTA's "
                 "multicast or a piece without a store would not wait for the O store");
+  static_assert(T::kOStore != OStore::kInQTile ||
+                    kBlockM * kHeadDim * sizeof(OutElement) <= sizeof(SharedStorage<T>::q),
+                "O staged in Q: the tile holds O's rows");
 
   // Byte offset of (row, col) in a swizzled staging tile of kStagingRows rows.
   __device__ static uint32_t swizzled_offset(int row, int col) {

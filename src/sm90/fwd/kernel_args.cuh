@@ -81,8 +81,8 @@ struct OStaging<T, true> {
 template <class T>
 struct SharedStorage {
   using Element = typename T::Element;
-  alignas(kSwizzleAtomBytes) Element q[T::kBlockM * T::kHeadDimV];
-  alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDimV];
+  alignas(kSwizzleAtomBytes) Element q[T::kBlockM * T::kHeadDim];
+  alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDim];
   alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kBlockN * T::kHeadDimV];
   OStaging<T> o_staging;
   __device__ uint8_t* o() { return o_staging.ptr(q); }

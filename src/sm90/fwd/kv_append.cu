@@ -97,6 +97,10 @@ __global__ void __launch_bounds__(kAppendThreads)
       const Element* k_row = k_new + p.k_new_stride.offset(b, s, h);
       k_cache[p.k_cache_stride.offset(cache_batch, cache_row, h) + j] =
           Element(rotary.at(k_row, j, start + s));
+    }
+    const int dv = p.headdim_v;
+    for (int e = threadIdx.x; e < p.heads_k * dv; e += kAppendThreads) {
+      const int h = e / dv, j = e % dv;
       v_cache[p.v_cache_stride.offset(cache_batch, cache_row, h) + j] =
           v_new[p.v_new_stride.offset(b, s, h) + j];
     }

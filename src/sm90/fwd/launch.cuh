@@ -45,7 +45,7 @@ TensorMapShape v_map_shape(const ForwardParams& p) {
                           static_cast<int64_t>(p.headdim) * pad};
     return {p.v, p.dtype, p.batch, p.headdim, p.heads_k, pad, stride};
   } else {
-    return {p.v, p.dtype, kv_batch(p), kv_rows(p), p.heads_k, p.headdim, p.v_stride};
+    return {p.v, p.dtype, kv_batch(p), kv_rows(p), p.heads_k, p.headdim_v, p.v_stride};
   }
 }
 
@@ -133,7 +133,7 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   const TensorMapShape k{p.k, p.dtype, kv_batch(p), kv_rows(p), p.heads_k, p.headdim,
                          p.k_stride};
   const TensorMapShape v = v_map_shape<T>(p);
-  const TensorMapShape o{p.out, p.out_dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+  const TensorMapShape o{p.out, p.out_dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim_v,
                          p.out_stride};
   constexpr int kCols = T::kSwizzleCols;
   for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
@@ -248,29 +248,37 @@ Status launch_variant(const ForwardParams& p, cudaStream_t stream) {
   return {};
 }
 
+// The traits of one forward launch (traits.cuh).
+template <DType kDType, int kHeadDim, int kHeadDimV, DType kOutDType>
+struct ForwardKernels {
+  template <bool kCausal, bool kShort, sm90::fwd::Sequences kSequences, bool kLocal>
+  using Traits = sm90::fwd::Traits<kDType, kHeadDim, kHeadDimV, kCausal, kOutDType, kShort,
+                                   kSequences, kLocal>;
+};
+
 // The kernel of one causality (kLocal: the masked kernels' local variants,
 // traits.cuh): KV-cache launches their one variant; decode-shaped
 // non-causal launches (decode.hpp) a variant with the tail split (the long
 // one where it has it); else the short-sequence variant (traits.cuh) up to
 // kShortMaxSeqlen, where the head dim has one.
-template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType,
+template <DType kDType, int kHeadDim, int kHeadDimV, bool kCausal, DType kOutDType,
           sm90::fwd::Sequences kSequences = sm90::fwd::Sequences::kDense, bool kLocal = false>
 Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
   using sm90::fwd::Sequences;
-  using sm90::fwd::Traits;
+  using Kernels = ForwardKernels<kDType, kHeadDim, kHeadDimV, kOutDType>;
+  using Own = typename Kernels::template Traits<kCausal, false, kSequences, kLocal>;
   constexpr bool kVarlen = kSequences == Sequences::kVarlen;
   if constexpr (kSequences == Sequences::kKvCache) {
-    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences, kLocal>,
-                          kCausal>(p, stream);
+    return launch_variant<Own, kCausal>(p, stream);
   } else {
     if constexpr (!kCausal && !kVarlen) {
-      using Long = Traits<kDType, kHeadDim, false, kOutDType>;
+      using Long = typename Kernels::template Traits<false, false, Sequences::kDense, false>;
       if (wants_split_kv(p.seqlen_q, p.seqlen_k, Long::kBlockM, Long::kBlockN)) {
         // 16-bit: the kSplitKv kernel (its idle warpgroups drain, traits.cuh);
         // FP8 keeps the long kernel where that has the tail split.
         using Split = std::conditional_t<
             kDType == DType::kFloat8E4M3 && Long::kTailSplit, Long,
-            Traits<kDType, kHeadDim, false, kOutDType, false, Sequences::kSplitKv>>;
+            typename Kernels::template Traits<false, false, Sequences::kSplitKv, false>>;
         return launch_variant<Split, false>(p, stream);
       }
     }
@@ -278,44 +286,46 @@ Status launch_causality(const ForwardParams& p, cudaStream_t stream) {
         sm90::fwd::kShortMaxSeqlen<kDType == DType::kFloat8E4M3, kHeadDim, kCausal>;
     if constexpr (kShortMaxSeqlen > 0) {
       if ((kVarlen ? p.max_seqlen_q : p.seqlen_q) <= kShortMaxSeqlen) {
-        return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, true, kSequences, kLocal>,
-                              kCausal>(p, stream);
+        using Short = typename Kernels::template Traits<kCausal, true, kSequences, kLocal>;
+        return launch_variant<Short, kCausal>(p, stream);
       }
     }
-    return launch_variant<Traits<kDType, kHeadDim, kCausal, kOutDType, false, kSequences, kLocal>,
-                          kCausal>(p, stream);
+    return launch_variant<Own, kCausal>(p, stream);
   }
 }
 
-template <DType kDType, int kHeadDim, sm90::fwd::Sequences kSequences>
+template <DType kDType, int kHeadDim, int kHeadDimV, sm90::fwd::Sequences kSequences>
 Status launch_sequences(const ForwardParams& p, cudaStream_t stream) {
+  constexpr int kV = kHeadDimV;
   if (!p.masked()) {
-    return launch_causality<kDType, kHeadDim, false, kDType, kSequences>(p, stream);
+    return launch_causality<kDType, kHeadDim, kV, false, kDType, kSequences>(p, stream);
   }
   return p.local_kernels()
-             ? launch_causality<kDType, kHeadDim, true, kDType, kSequences, true>(p, stream)
-             : launch_causality<kDType, kHeadDim, true, kDType, kSequences>(p, stream);
+             ? launch_causality<kDType, kHeadDim, kV, true, kDType, kSequences, true>(p, stream)
+             : launch_causality<kDType, kHeadDim, kV, true, kDType, kSequences>(p, stream);
 }
 
-template <DType kDType, int kHeadDim>
+// kHeadDimV: V's and O's head dim (head_dims.hpp: ForwardValueDims).
+template <DType kDType, int kHeadDim, int kHeadDimV>
 Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream) {
   using sm90::fwd::Sequences;
+  constexpr int kV = kHeadDimV;
   if (params.varlen_batch > 0) {
-    return launch_sequences<kDType, kHeadDim, Sequences::kVarlen>(params, stream);
+    return launch_sequences<kDType, kHeadDim, kV, Sequences::kVarlen>(params, stream);
   }
   ForwardParams packed = params;  // GQA decoding as MHA over a view (decode.hpp)
   const ForwardParams& p = pack_gqa(&packed) ? packed : params;
   return p.cache_seqlens != nullptr
-             ? launch_sequences<kDType, kHeadDim, Sequences::kKvCache>(p, stream)
-             : launch_sequences<kDType, kHeadDim, Sequences::kDense>(p, stream);
+             ? launch_sequences<kDType, kHeadDim, kV, Sequences::kKvCache>(p, stream)
+             : launch_sequences<kDType, kHeadDim, kV, Sequences::kDense>(p, stream);
 }
 
-// (FP8 has no local variants: validate_fp8.cpp refuses them.)
+// (FP8 has no local variants: validate_fp8.cpp refuses them; one head dim.)
 template <DType kOutDType, int kHeadDim>
 Status launch_forward_fp8_sm90(const ForwardParams& p, cudaStream_t stream) {
   constexpr DType kFp8 = DType::kFloat8E4M3;
-  return p.causal ? launch_causality<kFp8, kHeadDim, true, kOutDType>(p, stream)
-                    : launch_causality<kFp8, kHeadDim, false, kOutDType>(p, stream);
+  return p.causal ? launch_causality<kFp8, kHeadDim, kHeadDim, true, kOutDType>(p, stream)
+                  : launch_causality<kFp8, kHeadDim, kHeadDim, false, kOutDType>(p, stream);
 }
 
 }  // namespace flash3::detail

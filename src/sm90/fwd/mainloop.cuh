@@ -33,7 +33,8 @@ struct Mainloop {
       OnlineSoftmax<T::kFp8 ? fp8::kFp8ProbOffsetLog2 : 0, T::kSumChains, T::kMaxSlackLog2>;
   static constexpr int kBlockM = T::kBlockM;
   static constexpr int kBlockN = T::kBlockN;
-  static constexpr int kHeadDim = T::kHeadDimV;
+  static constexpr int kHeadDim = T::kHeadDim;    // of Q and K
+  static constexpr int kHeadDimV = T::kHeadDimV;  // of V and O
   static constexpr int kSwizzleCols = T::kSwizzleCols;
   static constexpr int kMmaK = T::kMmaK;
 
@@ -113,8 +114,8 @@ struct Mainloop {
           load_k(c.pipe, c.n, c.head_kv, 0, c.work.k.begin);
         } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
           if (args.cache.page_table != nullptr) {
-            load_paged(&args.k, smem.k_full[c.pipe.stage], smem.k[c.pipe.stage], c.n, c.head_kv,
-                       c.work.k.batch);
+            load_paged<T::kHeadDim>(&args.k, smem.k_full[c.pipe.stage], smem.k[c.pipe.stage],
+                                    c.n, c.head_kv, c.work.k.batch);
           } else {
             load_k(c.pipe, c.n, c.head_kv, c.work.k.batch, c.work.k.begin);
           }
@@ -139,8 +140,8 @@ struct Mainloop {
           load_v(c.pipe, c.n, c.head_kv, 0, c.work.k.begin);
         } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
           if (args.cache.page_table != nullptr) {
-            load_paged(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage], c.n, c.head_kv,
-                       c.work.k.batch);
+            load_paged<T::kHeadDimV>(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage],
+                                     c.n, c.head_kv, c.work.k.batch);
           } else {
             load_v(c.pipe, c.n, c.head_kv, c.work.k.batch, c.work.k.begin);
           }
@@ -186,11 +187,11 @@ struct Mainloop {
     }
   }
 
-  // K: kBlockN rows of the head dim; so is V for 16 bits. FP8 V (Fp8V
-  // layout) is kHeadDim rows of kBlockN keys.
+  // K: kBlockN rows of the head dim; V for 16 bits kBlockN rows of its own.
+  // FP8 V (Fp8V layout) is kHeadDim rows of kBlockN keys.
   __device__ void load_k(const Pipeline& pipe, int n_block, int head_kv, int batch, int row0) {
     Mbarrier& full = smem.k_full[pipe.stage];
-    full.arrive_expect_tx(T::kKVTileBytes);
+    full.arrive_expect_tx(T::kKTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kColBlocks; ++b) {
       load_rows<T::kKLoadRows>(&args.k, full, smem.k[pipe.stage] + b * kBlockN * kSwizzleCols,
@@ -199,11 +200,11 @@ struct Mainloop {
   }
   __device__ void load_v(const Pipeline& pipe, int n_block, int head_kv, int batch, int row0) {
     Mbarrier& full = smem.v_full[pipe.stage];
-    full.arrive_expect_tx(T::kKVTileBytes);
+    full.arrive_expect_tx(T::kVTileBytes);
 #pragma unroll
     for (int b = 0; b < T::kVColBlocks; ++b) {
       if constexpr (T::kFp8) {
-        load_rows<T::kVLoadRows>(&args.v, full, smem.v[pipe.stage] + b * kHeadDim * kSwizzleCols,
+        load_rows<T::kVLoadRows>(&args.v, full, smem.v[pipe.stage] + b * kHeadDimV * kSwizzleCols,
                                  n_block * kBlockN + b * kSwizzleCols, 0, head_kv, batch);
       } else {
         load_rows<T::kVLoadRows>(&args.v, full, smem.v[pipe.stage] + b * kBlockN * kSwizzleCols,
@@ -215,13 +216,14 @@ struct Mainloop {
   // a box of args.cache.box_rows rows at a time, each from the page that
   // holds it (the page table's entries for a block are read once per column
   // block; they stay in L1).
+  template <int kCols>  // K's or V's head dim
   __device__ void load_paged(const CUtensorMap* map, Mbarrier& full, Element* tile, int n_block,
                              int head_kv, int table_row) {
     static_assert(!T::kFp8 && !T::kClusterKv, "paged caches: 16-bit, no clusters");
     const int box_rows = args.cache.box_rows;
-    full.arrive_expect_tx(T::kKVTileBytes);
+    full.arrive_expect_tx(kBlockN * kCols * T::kElementBytes);
 #pragma unroll
-    for (int b = 0; b < T::kColBlocks; ++b) {
+    for (int b = 0; b < kCols / kSwizzleCols; ++b) {
       for (int row = 0; row < kBlockN; row += box_rows) {
         const PageRow at = args.cache.page_row(table_row, n_block * kBlockN + row);
         tma_load(map, &full.word, tile + (b * kBlockN + row) * kSwizzleCols, b * kSwizzleCols,
@@ -325,7 +327,7 @@ struct Mainloop {
     fence_operands(s);
   }
 
-  // O (64 x kHeadDim) += P (registers) times V: V's rows are keys (16-bit,
+  // O (64 x kHeadDimV) += P (registers) times V: V's rows are keys (16-bit,
   // MN-major B), or for fp8 its rows are the head dim (K-major B).
   __device__ void gemm_pv(const uint32_t (&p)[T::kPRegs], uint32_t v_addr,
                           float (&o)[T::kOAccRegs]) {
@@ -338,11 +340,11 @@ struct Mainloop {
       if constexpr (T::kFp8) {
         const int block = kk / (kSwizzleCols / kMmaK);
         const int offset = (kk % (kSwizzleCols / kMmaK)) * kMmaKBytes;
-        const uint64_t b = v.at(block * kHeadDim * kSwizzleRowBytes + offset);
-        mma_rs<Element, kHeadDim, gmma::Major::K>(&p[4 * kk], b, o);
+        const uint64_t b = v.at(block * kHeadDimV * kSwizzleRowBytes + offset);
+        mma_rs<Element, kHeadDimV, gmma::Major::K>(&p[4 * kk], b, o);
       } else {
         const uint64_t b = v.at(kk * kMmaK * kSwizzleRowBytes);
-        mma_rs<Element, kHeadDim, gmma::Major::MN>(&p[4 * kk], b, o);
+        mma_rs<Element, kHeadDimV, gmma::Major::MN>(&p[4 * kk], b, o);
       }
     }
     mma_commit();

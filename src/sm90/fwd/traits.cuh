@@ -16,7 +16,9 @@ namespace flash3::sm90::fwd {
 
 // kShort: the variant for short sequences, which launch.cuh takes for
 // seqlen_q up to kShortMaxSeqlen<kFp8, kHeadDim, kCausal> (0: none).
-template <int kHeadDim, bool kCausal, bool kShort>
+// kHeadDimV: V's and O's head dim (head_dims.hpp: ForwardValueDims), the
+// same as Q's and K's but where a head dim has another.
+template <int kHeadDim, bool kCausal, bool kShort, int kHeadDimV = kHeadDim>
 struct TileConfig;
 template <bool kFp8, int kHeadDim, bool kCausal>
 inline constexpr int kShortMaxSeqlen = 0;
@@ -54,7 +56,7 @@ struct LoopDefaults {
 // Shared memory: Q kBlockM x D, plus 2 x kStages tiles of kBlockN x D, plus
 // an O tile of kBlockM x D if kOStore is kSeparateTile.
 template <bool kCausal, bool kShort>
-struct TileConfig<64, kCausal, kShort> : LoopDefaults {
+struct TileConfig<64, kCausal, kShort, 64> : LoopDefaults {
   // O is only 32 registers, so three consumer warpgroups (192 query rows)
   // share each K/V tile, and the turns rotate over three; 24 KB Q + 6 x 16 KB
   // K/V, so a deeper ring is free. Short causal sequences take 128 rows (two
@@ -91,7 +93,7 @@ inline constexpr int kShortMaxSeqlen<false, 64, true> = 2048;
 template <>
 inline constexpr int kShortMaxSeqlen<false, 64, false> = 1024;
 template <bool kCausal, bool kShort>
-struct TileConfig<128, kCausal, kShort> : LoopDefaults {
+struct TileConfig<128, kCausal, kShort, 128> : LoopDefaults {
   // Long non-causal: 176 keys per block amortise the softmax and barrier cost
   // over more GEMM work (S 88 + P 44 + O 64 registers); 32 KB Q + 4 x 44 KB
   // K/V = 208 KB, O staged in the Q tile. Causal and short: 128 keys (fewer
@@ -129,15 +131,18 @@ struct TileConfig<128, kCausal, kShort> : LoopDefaults {
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 128, false> = 2048;
-template <bool kCausal, bool kShort>
-struct TileConfig<192, kCausal, kShort> : LoopDefaults {
-  // FlashAttention-3's 128 x 112 tile (issue 25; design.md): O 96 registers
-  // per thread, S 56, P 28; 48 KB Q + 4 x 42 KB K/V = 216 KB. A first
-  // configuration, not yet measured: head dim 256's loop details (O staged
+template <bool kCausal, bool kShort, int kHeadDimV>
+struct TileConfig<192, kCausal, kShort, kHeadDimV> : LoopDefaults {
+  // FlashAttention-3's tiles (issue 25; design.md): 128 x 112 for (192, 192),
+  // O 96 registers per thread, S 56, P 28, 48 KB Q + 2 x (42 + 42) KB K/V =
+  // 216 KB; 128 x 128 for V's head dim 128 (DeepSeek's (192, 128)), O 64,
+  // S 64, P 32, 48 KB Q + 2 x (48 + 32) KB K/V = 208 KB. First
+  // configurations, not yet measured: head dim 256's loop details (O staged
   // in the V ring when causal, in Q otherwise; the softmax under the PV
   // GEMM; max slack and four sum chains; the causal first block's hidden
   // keys skipped), no short variant.
-  static constexpr int kBlockM = 128, kBlockN = 112, kStages = 2;
+  static_assert(kHeadDimV == 192 || kHeadDimV == 128, "V head dims of 192");
+  static constexpr int kBlockM = 128, kBlockN = kHeadDimV == 128 ? 128 : 112, kStages = 2;
   static constexpr OStore kOStore = kCausal ? OStore::kInVStages : OStore::kInQTile;
   static constexpr bool kSoftmaxUnderPv = true;
   static constexpr bool kDescAdd = kCausal;
@@ -146,7 +151,7 @@ struct TileConfig<192, kCausal, kShort> : LoopDefaults {
   static constexpr bool kSkipHiddenKeys = kCausal;
 };
 template <bool kCausal, bool kShort>
-struct TileConfig<256, kCausal, kShort> : LoopDefaults {
+struct TileConfig<256, kCausal, kShort, 256> : LoopDefaults {
   // O alone takes 128 registers per thread, so S stays at 80 columns (40
   // regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits. Short causal
   // sequences take 64 keys (less waste on the diagonal). Not non-causal: it
@@ -304,12 +309,15 @@ struct KvCacheConfig : Config {
 enum class Sequences { kDense, kSplitKv, kVarlen, kKvCache };
 
 // kDType: of Q, K, V; kOutDType: of O (the same, or fp16/bf16 for fp8).
+// kHeadDim: of Q and K; kHeadDimV: of V and O (TileConfig).
 // kLocalMask: a masked (kCausal) kernel of the local variants (a sliding
 // window, an attention chunk, softcap: mask.cuh's kLocal), beside the
 // causal kernel of the same configuration, whose code keeps none of them.
-template <DType kDType, int kHeadDim, bool kCausal, DType kOutDType = kDType,
+template <DType kDType, int kHeadDimQK, int kHeadDimVO, bool kCausal, DType kOutDType = kDType,
           bool kShort = false, Sequences kSequences = Sequences::kDense, bool kLocalMask = false>
 struct Traits {
+  static constexpr int kHeadDim = kHeadDimQK;
+  static constexpr int kHeadDimV = kHeadDimVO;
   static constexpr bool kFp8 = kDType == DType::kFloat8E4M3;
   static constexpr bool kLocal = kLocalMask;
   static_assert(!kLocal || (kCausal && !kFp8), "local kernels: masked and 16-bit");
@@ -323,8 +331,9 @@ struct Traits {
   // varlen ones tiles one at a time, longest first.
   static constexpr bool kCausalPairs = kCausal && !kLocal;
   static constexpr bool kLocalUnits = kLocal && !kVarlen;
+  static_assert(!kFp8 || kHeadDimV == kHeadDim, "fp8: one head dim");
   using BaseConfig = std::conditional_t<kFp8, TileConfigFp8<kHeadDim, kCausal, kShort>,
-                                        TileConfig<kHeadDim, kCausal, kShort>>;
+                                        TileConfig<kHeadDim, kCausal, kShort, kHeadDimV>>;
   using Config = std::conditional_t<
       kVarlen, VarlenConfig<BaseConfig>,
       std::conditional_t<kKvCache, KvCacheConfig<BaseConfig, kCausal>,
@@ -334,7 +343,6 @@ struct Traits {
   using Element = typename ElementOf<kDType>::type;
   using OutElement = typename ElementOf<kOutDType>::type;
   static_assert(kOutDType != DType::kFloat8E4M3, "O is 16-bit");
-  static constexpr int kHeadDimV = kHeadDim;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kStages = Config::kStages;
@@ -445,20 +453,21 @@ struct Traits {
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
   static constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;
   static constexpr int kMmaK = kMmaKBytes / kElementBytes;
-  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
+  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;  // of Q and K
   static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr int kKTileBytes = kBlockN * kHeadDim * kElementBytes;
+  static constexpr int kVTileBytes = kBlockN * kHeadDimV * kElementBytes;
   // Rows of one K or V load (a TMA box): half a tile with kClusterKv.
   static constexpr int kKLoadRows = kBlockN / kClusterCtas;
   static constexpr int kVLoadRows = (kFp8 ? kHeadDim : kBlockN) / kClusterCtas;
   static constexpr int kSAccRegs = kBlockN / 2;   // 64 x kBlockN fp32 over 128 threads
   static constexpr int kPRegs = kSAccRegs * kElementBytes / 4;  // P packed in 32-bit registers
-  static constexpr int kOAccRegs = kHeadDim / 2;  // 64 x kHeadDim fp32 over 128 threads
-  static constexpr int kOColBlocks = kHeadDim / kSwizzleCols16;  // O is 16-bit
+  static constexpr int kOAccRegs = kHeadDimV / 2;  // 64 x kHeadDimV fp32 over 128 threads
+  static constexpr int kOColBlocks = kHeadDimV / kSwizzleCols16;  // O is 16-bit
   // FP8: V arrives transposed (Fp8V layout: headdim rows of keys), so its
   // tile is kHeadDim rows of kBlockN keys in kBlockN / 128 column blocks;
   // O gets its own staging tile.
-  static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kColBlocks;
+  static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kHeadDimV / kSwizzleCols;
   // How O leaves (epilogue.cuh), chosen per tile config: straight from
   // registers (4-byte global stores), staged in the warpgroup's rows of the Q
   // tile for a TMA store, staged in a tile of its own (fp8, whose 1-byte Q
@@ -484,7 +493,8 @@ struct Traits {
   static constexpr bool kDeferOStoreWait =
       Config::kDeferOStoreWait && kOStore == OStore::kSeparateTile;
   static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
-  static_assert(kHeadDim % kSwizzleCols == 0, "head dim must fill whole swizzle rows");
+  static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDimV % kSwizzleCols == 0,
+                "head dims must fill whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
   static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
   static_assert(kKLoadRows % 8 == 0 && kVLoadRows % 8 == 0,
