@@ -5,7 +5,8 @@
 // Each figure is the median of --iters CUDA-event timings of one flash3::forward call
 // (writing the log-sum-exp too, as the Python API does) after --warmup calls.
 // FLOPs = 4 * batch * heads * seqlen^2 * headdim, halved when causal (with
-// --window, 4 * batch * heads * the visible scores * headdim).
+// --window, 4 * batch * heads * the visible scores * headdim; with
+// --headdim-v dv, 2 * (headdim + dv) in place of 4 * headdim).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -51,6 +52,8 @@ const char kUsage[] =
     "  --backward                    time flash3::backward (16-bit dtypes; FLOPs 2.5x the\n"
     "                                forward's; the workspace allocated once, outside the timing)\n"
     "  --deterministic               with --backward: deterministic mode\n"
+    "  --headdim-v N                 v's and out's head dim (16-bit forward; default: the head dim):\n"
+    "                                128 with --headdim 192 is DeepSeek's (192, 128)\n"
     "  --window LEFT                 a sliding window of LEFT keys left of the diagonal\n"
     "                                (window_size (LEFT, -1); with --causal 1, Mistral's);\n"
     "                                FLOPs counted on the visible scores\n"
@@ -73,6 +76,7 @@ struct Options {
   bool fp8_head_scales = false;  // --fp8-scales head
   bool backward = false;         // --backward
   bool deterministic = false;    // --deterministic
+  int headdim_v = 0;             // --headdim-v; 0: the head dim
   int window_left = -1;          // --window; -1: none
   float softcap = 0.0f;          // --softcap; 0: none
   bool sinks = false;            // --sinks
@@ -94,6 +98,7 @@ double visible_scores(int seqlen, bool causal, int left) {
 struct Record {
   flash3::DType dtype;
   int headdim, causal, batch, seqlen, heads;
+  int headdim_v = 0;  // v's and out's
   double ms_median = 0, tflops = 0;
   double quant_ms = 0;  // fp8: quantizing q, k, v (and V's layout) from bf16, median
   // fp8: the quantize step's memory traffic per second (bf16 q, k, v read, e4m3 written, V
@@ -181,6 +186,11 @@ Options parse_options(int argc, char** argv) {
         usage_error("--fp8-scales must be block or head");
       }
       o.fp8_head_scales = value == "head";
+    } else if (flag == "--headdim-v") {
+      o.headdim_v = parse_int(flag, value);
+      if (o.headdim_v < 1 || o.headdim_v > kHidden) {
+        usage_error("--headdim-v must be within 1.." + std::to_string(kHidden));
+      }
     } else if (flag == "--window") {
       o.window_left = parse_int(flag, value);
       if (o.window_left < 0) {
@@ -344,10 +354,10 @@ bool write_json(const std::string& path, const Options& o, const cudaDeviceProp&
   for (size_t i = 0; i < records.size(); ++i) {
     const Record& r = records[i];
     std::fprintf(f,
-                 "%s\n  {\"dtype\": \"%s\", \"headdim\": %d, \"causal\": %s, \"batch\": %d, "
-                 "\"seqlen\": %d, \"heads\": %d, ",
-                 i ? "," : "", dtype_name(r.dtype), r.headdim, r.causal ? "true" : "false",
-                 r.batch, r.seqlen, r.heads);
+                 "%s\n  {\"dtype\": \"%s\", \"headdim\": %d, \"headdim_v\": %d, \"causal\": %s, "
+                 "\"batch\": %d, \"seqlen\": %d, \"heads\": %d, ",
+                 i ? "," : "", dtype_name(r.dtype), r.headdim, r.headdim_v,
+                 r.causal ? "true" : "false", r.batch, r.seqlen, r.heads);
     if (r.error.empty()) {
       std::fprintf(f, "\"ms_median\": %.6f, \"tflops\": %.3f", r.ms_median, r.tflops);
       if (r.dtype == flash3::DType::kFloat8E4M3) {
@@ -438,6 +448,9 @@ int main(int argc, char** argv) {
       std::printf("; fp8 descales per %d rows", kFp8BlockRows);
     }
   }
+  if (o.headdim_v > 0) {
+    std::printf("; v head dim %d", o.headdim_v);
+  }
   std::printf("\n");
   std::printf("%-5s %5s %6s %5s %6s %5s %10s %8s\n", "dtype", "hdim", "causal", "batch",
               "seqlen", "heads", "ms", "TFLOP/s");
@@ -460,11 +473,13 @@ int main(int argc, char** argv) {
           const int batch =
               o.batch > 0 ? o.batch : static_cast<int>(std::max<int64_t>(1, kTokens / seqlen));
           Record r{dtype, headdim, causal, batch, seqlen, static_cast<int>(kHidden / headdim)};
-          const auto tensor = [&](void* data, flash3::DType t) {
-            return flash3::Tensor::contiguous(data, t, r.batch, seqlen, r.heads, headdim);
+          r.headdim_v = o.headdim_v > 0 ? o.headdim_v : headdim;
+          const auto tensor = [&](void* data, flash3::DType t, int d) {
+            return flash3::Tensor::contiguous(data, t, r.batch, seqlen, r.heads, d);
           };
-          const flash3::Tensor tq = tensor(q, in_dtype), tk = tensor(k, in_dtype),
-                               tv = tensor(v, in_dtype), to = tensor(out, in_dtype);
+          const flash3::Tensor tq = tensor(q, in_dtype, headdim), tk = tensor(k, in_dtype, headdim),
+                               tv = tensor(v, in_dtype, r.headdim_v),
+                               to = tensor(out, in_dtype, r.headdim_v);
           flash3::ForwardOptions options;
           options.causal = causal != 0;
           options.window_left = o.window_left;
@@ -485,8 +500,10 @@ int main(int argc, char** argv) {
             }
             bo.workspace = workspace;
             bo.workspace_bytes = workspace_bytes;
-            const flash3::Tensor tdo = tensor(dout, in_dtype), tdq = tensor(grad_q, in_dtype),
-                                 tdk = tensor(grad_k, in_dtype), tdv = tensor(grad_v, in_dtype);
+            const flash3::Tensor tdo = tensor(dout, in_dtype, headdim),
+                                 tdq = tensor(grad_q, in_dtype, headdim),
+                                 tdk = tensor(grad_k, in_dtype, headdim),
+                                 tdv = tensor(grad_v, in_dtype, headdim);
             if (s) {
               fill(dout, in_dtype, static_cast<int64_t>(r.batch) * seqlen * kHidden, ++seed,
                    stream);
@@ -504,8 +521,8 @@ int main(int argc, char** argv) {
                             o.warmup, o.iters, stream, &r.ms_median);
           } else {
             const flash3::DType e4m3 = flash3::DType::kFloat8E4M3;
-            const flash3::Tensor tq8 = tensor(q8, e4m3), tk8 = tensor(k8, e4m3),
-                                 tv8 = tensor(v8, e4m3);
+            const flash3::Tensor tq8 = tensor(q8, e4m3, headdim), tk8 = tensor(k8, e4m3, headdim),
+                                 tv8 = tensor(v8, e4m3, headdim);
             const flash3::Fp8V tvl{v_layout, r.batch, seqlen, r.heads, headdim};
             const int block_rows = o.fp8_head_scales ? seqlen : kFp8BlockRows;
             const flash3::QuantizeOptions qk_quant{block_rows, true, 1234};
@@ -554,8 +571,9 @@ int main(int argc, char** argv) {
             const double scores = o.window_left < 0
                                       ? double(seqlen) * seqlen / (causal ? 2 : 1)
                                       : visible_scores(seqlen, causal != 0, o.window_left);
-            const double flops =
-                (o.backward ? 10.0 : 4.0) * r.batch * r.heads * scores * headdim;
+            // Q K^T and P V: 2 (d + dv) a score forward; the backward 10 d.
+            const double flops = (o.backward ? 10.0 * headdim : 2.0 * (headdim + r.headdim_v)) *
+                                 r.batch * r.heads * scores;
             r.tflops = flops / (r.ms_median * 1e-3) / 1e12;
             std::printf("%10.4f %8.1f", r.ms_median, r.tflops);
             if (fp8) {
