@@ -245,9 +245,18 @@ Strides3 strides_of(const Tensor& t) {
   return s;
 }
 
+Status check_headdim_like(const char* name, const Tensor& t, const char* like_name,
+                          const Tensor& like) {
+  if (t.shape[3] != like.shape[3]) {
+    return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from ", like_name, "'s ",
+                   like.shape[3]);
+  }
+  return Status{};
+}
+
 Status check_batch_and_headdim_match_q(const char* name, const Tensor& t, const Tensor& q) {
-  if (t.shape[3] != q.shape[3]) {
-    return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from q's ", q.shape[3]);
+  if (Status s = check_headdim_like(name, t, "q", q); !s.ok()) {
+    return s;
   }
   if (t.shape[0] != q.shape[0]) {
     return invalid(name, ".shape[0] (batch) = ", t.shape[0], " differs from q's ", q.shape[0]);

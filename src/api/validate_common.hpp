@@ -131,6 +131,9 @@ void set_dims(const Tensor& t, Params* p) {
 // The element strides the kernels use; size-1 dimensions get a harmless one.
 Strides3 strides_of(const Tensor& t);
 
+// t's head dim that of `like` (named like_name: q, or v for out).
+Status check_headdim_like(const char* name, const Tensor& t, const char* like_name,
+                          const Tensor& like);
 // t's batch and head dim equal q's.
 Status check_batch_and_headdim_match_q(const char* name, const Tensor& t, const Tensor& q);
 

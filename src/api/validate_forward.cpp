@@ -53,10 +53,10 @@ Status check_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     }
   }
   for (const auto& [name, t] : tensors) {
-    const bool of_v = &t == &out;  // whose head dim t has: v's, else q's
-    if (&t != &v && t.shape[3] != (of_v ? v : q).shape[3]) {
-      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from ",
-                     of_v ? "v's " : "q's ", (of_v ? v : q).shape[3]);
+    const bool of_v = &t == &out;  // whose head dim t has: v's, else q's (v: its own)
+    if (Status s = check_headdim_like(name, t, of_v ? "v" : "q", of_v ? v : q);
+        &t != &v && !s.ok()) {
+      return s;
     }
     if (!(kv_own_batch && (&t == &k || &t == &v)) && t.shape[0] != q.shape[0]) {
       return invalid(name, ".shape[0] (batch) = ", t.shape[0], " differs from q's ", q.shape[0]);

@@ -56,9 +56,9 @@ Status check_append(const Tensor& q, const Tensor& k_cache, const Tensor& v_cach
                      dtype_name(q.dtype), ")");
     }
     const bool of_v = &t == &a.v_new;  // whose head dim t has: v_cache's, else q's
-    if (&t != &v_cache && t.shape[3] != (of_v ? v_cache : q).shape[3]) {
-      return invalid(name, ".shape[3] (headdim) = ", t.shape[3], " differs from ",
-                     of_v ? "v_cache's " : "q's ", (of_v ? v_cache : q).shape[3]);
+    if (Status s = check_headdim_like(name, t, of_v ? "v_cache" : "q", of_v ? v_cache : q);
+        &t != &v_cache && !s.ok()) {
+      return s;
     }
   }
   if (Status s = check_same_shape("v_cache", v_cache, "k_cache", k_cache, 3); !s.ok()) {

@@ -131,18 +131,10 @@ struct TileConfig<128, kCausal, kShort, 128> : LoopDefaults {
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 128, false> = 2048;
-template <bool kCausal, bool kShort, int kHeadDimV>
-struct TileConfig<192, kCausal, kShort, kHeadDimV> : LoopDefaults {
-  // FlashAttention-3's tiles (issue 25; design.md): 128 x 112 for (192, 192),
-  // O 96 registers per thread, S 56, P 28, 48 KB Q + 2 x (42 + 42) KB K/V =
-  // 216 KB; 128 x 128 for V's head dim 128 (DeepSeek's (192, 128)), O 64,
-  // S 64, P 32, 48 KB Q + 2 x (48 + 32) KB K/V = 208 KB. First
-  // configurations, not yet measured: head dim 256's loop details (O staged
-  // in the V ring when causal, in Q otherwise; the softmax under the PV
-  // GEMM; max slack and four sum chains; the causal first block's hidden
-  // keys skipped), no short variant.
-  static_assert(kHeadDimV == 192 || kHeadDimV == 128, "V head dims of 192");
-  static constexpr int kBlockM = 128, kBlockN = kHeadDimV == 128 ? 128 : 112, kStages = 2;
+// Head dim 256's loop details (TileConfig<256> says why each), shared by the
+// head dims whose O takes most of the registers.
+template <bool kCausal>
+struct WideHeadLoop : LoopDefaults {
   static constexpr OStore kOStore = kCausal ? OStore::kInVStages : OStore::kInQTile;
   static constexpr bool kSoftmaxUnderPv = true;
   static constexpr bool kDescAdd = kCausal;
@@ -150,38 +142,43 @@ struct TileConfig<192, kCausal, kShort, kHeadDimV> : LoopDefaults {
   static constexpr bool kSumChains = true;
   static constexpr bool kSkipHiddenKeys = kCausal;
 };
+template <bool kCausal, bool kShort, int kHeadDimV>
+struct TileConfig<192, kCausal, kShort, kHeadDimV> : WideHeadLoop<kCausal> {
+  // FlashAttention-3's tiles (issue 25; design.md): 128 x 112 for (192, 192),
+  // O 96 registers per thread, S 56, P 28, 48 KB Q + 2 x (42 + 42) KB K/V =
+  // 216 KB; 128 x 128 for V's head dim 128 (DeepSeek's (192, 128)), O 64,
+  // S 64, P 32, 48 KB Q + 2 x (48 + 32) KB K/V = 208 KB. Head dim 256's
+  // loop details (WideHeadLoop), not measured at 192; no short variant.
+  static_assert(kHeadDimV == 192 || kHeadDimV == 128, "V head dims of 192");
+  static constexpr int kBlockM = 128, kBlockN = kHeadDimV == 128 ? 128 : 112, kStages = 2;
+};
 template <bool kCausal, bool kShort>
-struct TileConfig<256, kCausal, kShort, 256> : LoopDefaults {
+struct TileConfig<256, kCausal, kShort, 256> : WideHeadLoop<kCausal> {
   // O alone takes 128 registers per thread, so S stays at 80 columns (40
   // regs); 64 KB Q + 4 x 40 KB K/V = 224 KB, the most that fits. Short causal
   // sequences take 64 keys (less waste on the diagonal). Not non-causal: it
   // loses with 64 keys.
   static constexpr int kBlockM = 128, kBlockN = kShort ? 64 : 80, kStages = 2;
-  // Causal: O staged in the V ring (OStore::kInVStages), so Q frees after the
-  // last Q K^T GEMM and the next tile's Q load no longer waits for the O
-  // store (a clock64 trace showed that wait, and its drop); faster. A first
-  // version that picked the stage per step lost non-causal, so non-causal
-  // keeps O in Q.
-  static constexpr OStore kOStore = kCausal ? OStore::kInVStages : OStore::kInQTile;
-  // The softmax pinned under the PV GEMM (Traits::kSoftmaxUnderPv): faster
-  // bf16 and fp16, causal and non-causal (512 equal).
-  static constexpr bool kSoftmaxUnderPv = true;
+  // Its loop details (WideHeadLoop), each measured here:
+  // - causal: O staged in the V ring (OStore::kInVStages), so Q frees after
+  //   the last Q K^T GEMM and the next tile's Q load no longer waits for the
+  //   O store (a clock64 trace showed that wait, and its drop); faster. A
+  //   first version that picked the stage per step lost non-causal, so
+  //   non-causal keeps O in Q;
+  // - the softmax pinned under the PV GEMM (Traits::kSoftmaxUnderPv): faster
+  //   bf16 and fp16, causal and non-causal (512 equal);
+  // - causal: descriptors as the tile's plus an offset (Traits::kDescAdd),
+  //   faster up to 4k; non-causal equal or slightly slower. The turn around
+  //   the exponentials (design.md, lessons) lost;
+  // - the running max moved only past a slack of 2^8 (Traits::kMaxSlackLog2):
+  //   faster at every length, causal and non-causal; with it, the four sum
+  //   chains (OnlineSoftmax): faster or equal;
+  // - causal: the hidden keys of a tile's first block skipped
+  //   (Traits::kSkipHiddenKeys; at 64 keys the first block of the first
+  //   warpgroup is wholly hidden): faster up to 4k.
   // No two-CTA clusters (Traits::kClusterKv): with two 80-key stages the
   // pair's lockstep probably costs more than the L2 traffic saves (non-causal
   // loses).
-  // Causal: descriptors as the tile's plus an offset (Traits::kDescAdd),
-  // faster up to 4k; non-causal equal or slightly slower. The turn around the
-  // exponentials (design.md, lessons) lost.
-  static constexpr bool kDescAdd = kCausal;
-  // The running max moved only past a slack of 2^8 (Traits::kMaxSlackLog2):
-  // faster at every length, causal and non-causal.
-  static constexpr int kMaxSlackLog2 = 8;
-  // With it, the four sum chains (OnlineSoftmax): faster or equal.
-  static constexpr bool kSumChains = true;
-  // Causal: the hidden keys of a tile's first block skipped
-  // (Traits::kSkipHiddenKeys; at 64 keys the first block of the first
-  // warpgroup is wholly hidden): faster up to 4k.
-  static constexpr bool kSkipHiddenKeys = kCausal;
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 256, true> = 1024;
