@@ -41,7 +41,7 @@ const char kUsage[] =
     "  --fp8-scales block|head       fp8 descales: one per 128 rows of each (batch, head)\n"
     "                                (default, flash3's block quantization) or one per\n"
     "                                (batch, head) (FlashAttention-3's descales)\n"
-    "  --headdim LIST|all            comma-separated, from 64,128,192,256 (default and all: 64,128,256;\n"
+    "  --headdim LIST|all            comma-separated, from 64,96,128,192,256 (default and all: 64,128,256;\n"
     "                                2048 / headdim heads, rounded down: 10 at 192)\n"
     "  --causal 0|1|all              (default all)\n"
     "  --seqlen LIST|all             comma-separated (default 512,1024,2048,4096,8192,16384)\n"

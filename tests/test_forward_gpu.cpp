@@ -20,13 +20,14 @@
 namespace flash3::test {
 namespace {
 
-constexpr int kHeadDims[] = {64, 128, 192, 256};
+constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
 
 // Head dims of q and k, and of v and out (head_dims.hpp: ForwardValueDims).
 struct HeadDimPair {
   int d, dv;
 };
-constexpr HeadDimPair kHeadDimPairs[] = {{64, 64}, {128, 128}, {192, 192}, {192, 128}, {256, 256}};
+constexpr HeadDimPair kHeadDimPairs[] = {{64, 64},   {96, 96},   {128, 128},
+                                         {192, 192}, {192, 128}, {256, 256}};
 
 class ForwardTest : public HopperTest {
  protected:
@@ -305,6 +306,16 @@ TEST_F(SanitizeForward, Fp16D192Seqlen300Gqa) {
   expect_matches_reference({DType::kFloat16, {2, 300, 333, 8, 2, 192}, false});
 }
 
+// Head dim 96: tiles of 128 columns, the last 32 TMA's zeros; the PV GEMM
+// in 64 + 32 columns.
+TEST_F(SanitizeForward, Bf16D96CausalSteps) {
+  expect_matches_reference({DType::kBFloat16, {8, 1100, 1100, 2, 2, 96}, true});
+}
+
+TEST_F(SanitizeForward, Fp16D96Seqlen300Gqa) {
+  expect_matches_reference({DType::kFloat16, {2, 300, 333, 8, 2, 96}, false});
+}
+
 // v and out of head dim 128 beside q and k of 192 (DeepSeek's (192, 128)):
 // 128-key blocks, O in the V ring when causal, in Q otherwise.
 TEST_F(SanitizeForward, Bf16D192V128CausalSteps) {
@@ -521,7 +532,7 @@ TEST_F(ForwardStream, TailSplitsOnTwoStreamsAtOnce) {
 // one is refused before anything runs.
 TEST_F(ForwardStream, CallerWorkspaceServesEveryHeadDim) {
   std::vector<ForwardCase> cases;
-  for (const int headdim : {64, 128, 192, 256}) {
+  for (const int headdim : {64, 96, 128, 192, 256}) {
     for (const bool causal : {false, true}) {
       cases.push_back({DType::kBFloat16, {1, 4096, 4096, 2, 1, headdim}, causal});
     }

@@ -182,7 +182,7 @@ class ForwardKvCache : public HopperTest {};
 // (long enough to split over the SMs at every head dim).
 TEST_F(ForwardKvCache, DecodingMatchesTheReference) {
   const std::vector<int> seqlens = {3000, 0, 1, 2999, 177, 3000, 1280, 64};
-  for (const int headdim : {64, 128, 192, 256}) {
+  for (const int headdim : {64, 96, 128, 192, 256}) {
     for (const bool causal : {false, true}) {
       SCOPED_TRACE("headdim " + std::to_string(headdim) + (causal ? " causal" : ""));
       expect_kvcache_matches_reference(
@@ -203,7 +203,7 @@ TEST_F(ForwardKvCache, DecodingMatchesTheReference) {
 // rows see the cache up to their own position; rows before the cache's
 // length see nothing when the cache is shorter than the queries.
 TEST_F(ForwardKvCache, SeveralQueriesMatchTheReference) {
-  for (const int headdim : {64, 128, 192, 256}) {
+  for (const int headdim : {64, 96, 128, 192, 256}) {
     for (const bool causal : {false, true}) {
       SCOPED_TRACE("headdim " + std::to_string(headdim) + (causal ? " causal" : ""));
       expect_kvcache_matches_reference(
@@ -231,7 +231,7 @@ TEST_F(ForwardKvCache, CacheBatchIndexPicksTheCache) {
 // cache_leftpad: batch b attends to slots [leftpad[b], seqlens[b]), causal
 // bottom-right over them; with a batch index, decoding and several queries.
 TEST_F(ForwardKvCache, LeftPaddingSkipsTheFirstSlots) {
-  for (const int headdim : {64, 128, 192, 256}) {
+  for (const int headdim : {64, 96, 128, 192, 256}) {
     for (const bool causal : {false, true}) {
       SCOPED_TRACE("headdim " + std::to_string(headdim) + (causal ? " causal" : ""));
       KvCacheCase c =
@@ -249,7 +249,7 @@ TEST_F(ForwardKvCache, LeftPaddingSkipsTheFirstSlots) {
 // A paged cache: page sizes from the box size (16) to past a key block,
 // decoding (split over the SMs) and several queries, every head dim.
 TEST_F(ForwardKvCache, PagedCacheMatchesTheReference) {
-  for (const int headdim : {64, 128, 192, 256}) {
+  for (const int headdim : {64, 96, 128, 192, 256}) {
     for (const int page_size : {16, 48, 256}) {
       for (const bool causal : {false, true}) {
         SCOPED_TRACE("headdim " + std::to_string(headdim) + " page " + std::to_string(page_size) +

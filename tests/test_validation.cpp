@@ -51,8 +51,8 @@ const InvalidForwardCase kCases[] = {
      "v.dtype (float16) differs from q.dtype (bfloat16)"},
     {"OutDtypeDiffers", [](HostProblem& p) { p.out.dtype = DType::kFloat16; },
      Code::kInvalidArgument, "out.dtype (float16) differs"},
-    {"HeadDim96", [](HostProblem& p) { set_headdim_all(p, 96); }, Code::kUnsupported,
-     "headdim = 96 is not supported; supported: 64, 128, 192, 256"},
+    {"HeadDim80", [](HostProblem& p) { set_headdim_all(p, 80); }, Code::kUnsupported,
+     "headdim = 80 is not supported; supported: 64, 96, 128, 192, 256"},
     {"HeadDim32", [](HostProblem& p) { set_headdim_all(p, 32); }, Code::kUnsupported,
      "headdim = 32 is not supported"},
     {"HeadDimMismatch", [](HostProblem& p) { set_headdim(p.k, 128); }, Code::kInvalidArgument,
@@ -238,10 +238,10 @@ TEST(ForwardWorkspaceSize, NeedsNoDeviceAndGrowsWithTheHeadDim) {
 
 TEST(ForwardWorkspaceSize, RefusesWhatTheForwardRefuses) {
   size_t bytes = 7;
-  Tensor q = Tensor::contiguous(far_address(1), DType::kBFloat16, 2, 1000, 8, 96);
+  Tensor q = Tensor::contiguous(far_address(1), DType::kBFloat16, 2, 1000, 8, 80);
   Status s = flash3::forward_workspace_size(q, &bytes);
   EXPECT_EQ(s.code, Code::kUnsupported) << s.message;
-  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::forward_workspace_size: headdim = 96",
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3::forward_workspace_size: headdim = 80",
                       s.message);
   q = Tensor::contiguous(far_address(1), DType::kFloat32, 2, 1000, 8, 128);
   s = flash3::forward_workspace_size(q, &bytes);
@@ -371,8 +371,8 @@ TEST(ForwardVarlen, RefusesBadDescriptions) {
   }
   {
     VarlenProblem p;
-    set_dims(p.q, 1, 8, VarlenProblem::kHeadsQ, 96);
-    expect_varlen_refused(p, Code::kUnsupported, "headdim = 96 is not supported");
+    set_dims(p.q, 1, 8, VarlenProblem::kHeadsQ, 80);
+    expect_varlen_refused(p, Code::kUnsupported, "headdim = 80 is not supported");
   }
 }
 

@@ -133,6 +133,18 @@ __device__ __forceinline__ void mma_rs(const uint32_t* a, uint64_t desc_b, float
   detail::mma_rs<Op>(a, desc_b, d, gmma::ScaleOut::One, std::make_index_sequence<kRegs>{});
 }
 
+// d's registers [kFirst, kFirst + kN / 2) += A * B: one wgmma of kN columns
+// into part of a wider accumulator (the fragment of N columns is that of
+// its 8-column groups in order, so N = 96 is N = 64's registers then N = 32's).
+template <class Element, int kN, gmma::Major kMajorB, int kFirst, int kRegs>
+__device__ __forceinline__ void mma_rs_cols(const uint32_t* a, uint64_t desc_b,
+                                            float (&d)[kRegs]) {
+  using Op = MmaRS<Element, kN, kMajorB>;
+  static_assert(kFirst % 4 == 0 && kFirst + kN / 2 <= kRegs, "whole 8-column groups of d");
+  detail::mma_rs<Op>(a, desc_b, d + kFirst, gmma::ScaleOut::One,
+                     std::make_index_sequence<kN / 2>{});
+}
+
 // Keeps the compiler from moving register reads/writes across wgmma issue/wait.
 template <class T, int kRegs>
 __device__ __forceinline__ void fence_operands(T (&regs)[kRegs]) {

@@ -74,16 +74,16 @@ struct OStaging {
 };
 template <class T>
 struct OStaging<T, true> {
-  alignas(kSwizzleAtomBytes) typename T::OutElement o[T::kBlockM * T::kHeadDimV];
+  alignas(kSwizzleAtomBytes) typename T::OutElement o[T::kBlockM * T::kHeadDimVPadded];
   __device__ uint8_t* ptr(typename T::Element*) { return reinterpret_cast<uint8_t*>(o); }
 };
 
 template <class T>
 struct SharedStorage {
   using Element = typename T::Element;
-  alignas(kSwizzleAtomBytes) Element q[T::kBlockM * T::kHeadDim];
-  alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDim];
-  alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kBlockN * T::kHeadDimV];
+  alignas(kSwizzleAtomBytes) Element q[T::kBlockM * T::kHeadDimPadded];
+  alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDimPadded];
+  alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kBlockN * T::kHeadDimVPadded];
   OStaging<T> o_staging;
   __device__ uint8_t* o() { return o_staging.ptr(q); }
   Mbarrier q_full;

@@ -114,7 +114,7 @@ struct Mainloop {
           load_k(c.pipe, c.n, c.head_kv, 0, c.work.k.begin);
         } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
           if (args.cache.page_table != nullptr) {
-            load_paged<T::kHeadDim>(&args.k, smem.k_full[c.pipe.stage], smem.k[c.pipe.stage],
+            load_paged<T::kHeadDimPadded>(&args.k, smem.k_full[c.pipe.stage], smem.k[c.pipe.stage],
                                     c.n, c.head_kv, c.work.k.batch);
           } else {
             load_k(c.pipe, c.n, c.head_kv, c.work.k.batch, c.work.k.begin);
@@ -140,7 +140,7 @@ struct Mainloop {
           load_v(c.pipe, c.n, c.head_kv, 0, c.work.k.begin);
         } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
           if (args.cache.page_table != nullptr) {
-            load_paged<T::kHeadDimV>(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage],
+            load_paged<T::kHeadDimVPadded>(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage],
                                      c.n, c.head_kv, c.work.k.batch);
           } else {
             load_v(c.pipe, c.n, c.head_kv, c.work.k.batch, c.work.k.begin);
@@ -216,7 +216,7 @@ struct Mainloop {
   // a box of args.cache.box_rows rows at a time, each from the page that
   // holds it (the page table's entries for a block are read once per column
   // block; they stay in L1).
-  template <int kCols>  // K's or V's head dim
+  template <int kCols>  // K's or V's tile columns (its head dim padded)
   __device__ void load_paged(const CUtensorMap* map, Mbarrier& full, Element* tile, int n_block,
                              int head_kv, int table_row) {
     static_assert(!T::kFp8 && !T::kClusterKv, "paged caches: 16-bit, no clusters");
@@ -342,9 +342,19 @@ struct Mainloop {
         const int offset = (kk % (kSwizzleCols / kMmaK)) * kMmaKBytes;
         const uint64_t b = v.at(block * kHeadDimV * kSwizzleRowBytes + offset);
         mma_rs<Element, kHeadDimV, gmma::Major::K>(&p[4 * kk], b, o);
-      } else {
+      } else if constexpr (kHeadDimV % kSwizzleCols == 0) {
         const uint64_t b = v.at(kk * kMmaK * kSwizzleRowBytes);
         mma_rs<Element, kHeadDimV, gmma::Major::MN>(&p[4 * kk], b, o);
+      } else {
+        // A head dim of 1.5 column blocks (96): the whole blocks in one wgmma,
+        // the last block's first columns in another, each from its block's
+        // start (no descriptor runs a partial block into the next). O's
+        // registers of N = 96 are those of N = 64 then N = 32.
+        constexpr int kWhole = kHeadDimV / kSwizzleCols * kSwizzleCols;
+        const uint32_t row = kk * kMmaK * kSwizzleRowBytes;
+        mma_rs_cols<Element, kWhole, gmma::Major::MN, 0>(&p[4 * kk], v.at(row), o);
+        mma_rs_cols<Element, kHeadDimV - kWhole, gmma::Major::MN, kWhole / 2>(
+            &p[4 * kk], v.at(kWhole / kSwizzleCols * kBlockN * kSwizzleRowBytes + row), o);
       }
     }
     mma_commit();

@@ -131,6 +131,16 @@ struct TileConfig<128, kCausal, kShort, 128> : LoopDefaults {
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 128, false> = 2048;
+template <bool kCausal, bool kShort>
+struct TileConfig<96, kCausal, kShort, 96> : TileConfig<128, kCausal, kShort, 128> {
+  // Head dim 96 (issue 25): 1.5 swizzle blocks a row, so its tiles are laid
+  // out as head dim 128's (the second block half empty: TMA fills the
+  // columns past 96 with zeros), the Q K^T GEMM reduces over 96 and the PV
+  // GEMM covers 64 + 32 columns (Mainloop::gemm_pv). Head dim 128's choices,
+  // not yet measured at 96: the same shared memory, 16 fewer O registers.
+};
+template <>
+inline constexpr int kShortMaxSeqlen<false, 96, false> = 2048;
 // Head dim 256's loop details (TileConfig<256> says why each), shared by the
 // head dims whose O takes most of the registers.
 template <bool kCausal>
@@ -450,21 +460,26 @@ struct Traits {
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
   static constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;
   static constexpr int kMmaK = kMmaKBytes / kElementBytes;
-  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;  // of Q and K
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
-  static constexpr int kKTileBytes = kBlockN * kHeadDim * kElementBytes;
-  static constexpr int kVTileBytes = kBlockN * kHeadDimV * kElementBytes;
+  // The tiles' columns: the head dims rounded up to whole column blocks (96:
+  // 128, the rest past 96 TMA's zeros), whose full boxes the TMA loads count.
+  static constexpr int kHeadDimPadded = (kHeadDim + kSwizzleCols - 1) / kSwizzleCols * kSwizzleCols;
+  static constexpr int kHeadDimVPadded =
+      (kHeadDimV + kSwizzleCols - 1) / kSwizzleCols * kSwizzleCols;
+  static constexpr int kColBlocks = kHeadDimPadded / kSwizzleCols;  // of Q and K
+  static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * kElementBytes;
+  static constexpr int kKTileBytes = kBlockN * kHeadDimPadded * kElementBytes;
+  static constexpr int kVTileBytes = kBlockN * kHeadDimVPadded * kElementBytes;
   // Rows of one K or V load (a TMA box): half a tile with kClusterKv.
   static constexpr int kKLoadRows = kBlockN / kClusterCtas;
   static constexpr int kVLoadRows = (kFp8 ? kHeadDim : kBlockN) / kClusterCtas;
   static constexpr int kSAccRegs = kBlockN / 2;   // 64 x kBlockN fp32 over 128 threads
   static constexpr int kPRegs = kSAccRegs * kElementBytes / 4;  // P packed in 32-bit registers
   static constexpr int kOAccRegs = kHeadDimV / 2;  // 64 x kHeadDimV fp32 over 128 threads
-  static constexpr int kOColBlocks = kHeadDimV / kSwizzleCols16;  // O is 16-bit
+  static constexpr int kOColBlocks = kHeadDimVPadded / kSwizzleCols16;  // O is 16-bit
   // FP8: V arrives transposed (Fp8V layout: headdim rows of keys), so its
   // tile is kHeadDim rows of kBlockN keys in kBlockN / 128 column blocks;
   // O gets its own staging tile.
-  static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kHeadDimV / kSwizzleCols;
+  static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kHeadDimVPadded / kSwizzleCols;
   // How O leaves (epilogue.cuh), chosen per tile config: straight from
   // registers (4-byte global stores), staged in the warpgroup's rows of the Q
   // tile for a TMA store, staged in a tile of its own (fp8, whose 1-byte Q
@@ -490,8 +505,9 @@ struct Traits {
   static constexpr bool kDeferOStoreWait =
       Config::kDeferOStoreWait && kOStore == OStore::kSeparateTile;
   static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
-  static_assert(kHeadDim % kSwizzleCols == 0 && kHeadDimV % kSwizzleCols == 0,
-                "head dims must fill whole swizzle rows");
+  static_assert(kHeadDim % kMmaK == 0 && kHeadDimV % 16 == 0,
+                "whole 16-column steps of the Q K^T GEMM and of O's stores");
+  static_assert(!kFp8 || kHeadDim % kSwizzleCols == 0, "fp8: whole swizzle rows");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
   static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
   static_assert(kKLoadRows % 8 == 0 && kVLoadRows % 8 == 0,
