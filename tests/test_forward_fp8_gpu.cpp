@@ -245,7 +245,7 @@ std::string sweep_name(const ::testing::TestParamInfo<SweepParam>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, ForwardFp8Sweep,
                          ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::Values(128, 256), ::testing::Bool()),
+                                            ::testing::Values(64, 128, 256), ::testing::Bool()),
                          sweep_name);
 
 // Block sizes other than the tile: q scales per 64 rows, k and v per 256.
@@ -290,6 +290,11 @@ TEST_F(SanitizeForwardFp8, Bf16D128Seqlen300Causal) {
 }
 TEST_F(SanitizeForwardFp8, Fp16D256Seqlen200) {
   expect_fp8_matches_reference({DType::kFloat16, {1, 200, 200, 2, 2, 256}, false, 128, false, 2});
+}
+
+// Head dim 64: half-empty 128-byte rows of Q and K (TMA's zeros), V 64 rows.
+TEST_F(SanitizeForwardFp8, Bf16D64Seqlen1000CausalGqa) {
+  expect_fp8_matches_reference({DType::kBFloat16, {2, 1000, 1000, 4, 2, 64}, true, 128, true, 3});
 }
 
 }  // namespace

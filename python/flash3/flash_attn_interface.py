@@ -147,7 +147,7 @@ def flash_attn_func(
     contiguous. softmax_scale defaults to 1/sqrt(headdim). causal aligns the mask to the
     bottom-right corner: query i sees keys j <= i + seqlen_k - seqlen_q.
 
-    FP8: q, k, v torch.float8_e4m3fn (head dim 128 or 256) with q_descale, k_descale
+    FP8: q, k, v torch.float8_e4m3fn (head dim 64, 128 or 256) with q_descale, k_descale
     and v_descale, float32 (batch, heads_k), 1.0 where None: the attention of
     float(q) * q_descale[b, h] etc.; out is bfloat16. V is copied into the layout FP8
     tensor cores need (one extra pass over V).

@@ -14,7 +14,7 @@ namespace flash3::detail {
 // and the FP8 V layout; the FP8 forward.
 using ForwardHeadDims = std::integer_sequence<int, 64, 96, 128, 192, 256>;
 using HeadDims = std::integer_sequence<int, 64, 128, 256>;
-using Fp8HeadDims = std::integer_sequence<int, 128, 256>;
+using Fp8HeadDims = std::integer_sequence<int, 64, 128, 256>;
 // V's (and out's) head dims of the 16-bit forward per head dim of q and k:
 // the same, and 128 beside 192 (DeepSeek's (192, 128), FlashAttention-3's
 // dv != d). The other calls take v of q's head dim.

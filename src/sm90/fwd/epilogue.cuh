@@ -26,12 +26,12 @@ struct Epilogue {
   static constexpr bool kInV = T::kOStore == OStore::kInVStages;
   static constexpr int kStagingRows = kInV ? kMmaM : kBlockM;
   static_assert(!kInV || (T::kStages == 2 && T::kConsumerWarpgroups == 2 && !T::kClusterKv &&
-                          !T::kTailSplit && kMmaM * kHeadDim * sizeof(OutElement) <=
+                          !T::kTailSplit && kMmaM * T::kOCols * sizeof(OutElement) <=
                                                 sizeof(SharedStorage<T>::v[0])),
                 "O in V stages: a stage per warpgroup, each holding its rows; another CTA's "
                 "multicast or a piece without a store would not wait for the O store");
   static_assert(T::kOStore != OStore::kInQTile ||
-                    kBlockM * kHeadDim * sizeof(OutElement) <= sizeof(SharedStorage<T>::q),
+                    kBlockM * T::kOCols * sizeof(OutElement) <= sizeof(SharedStorage<T>::q),
                 "O staged in Q: the tile holds O's rows");
 
   // Byte offset of (row, col) in a swizzled staging tile of kStagingRows rows.

@@ -74,7 +74,7 @@ struct OStaging {
 };
 template <class T>
 struct OStaging<T, true> {
-  alignas(kSwizzleAtomBytes) typename T::OutElement o[T::kBlockM * T::kHeadDimVPadded];
+  alignas(kSwizzleAtomBytes) typename T::OutElement o[T::kBlockM * T::kOCols];
   __device__ uint8_t* ptr(typename T::Element*) { return reinterpret_cast<uint8_t*>(o); }
 };
 
@@ -83,7 +83,7 @@ struct SharedStorage {
   using Element = typename T::Element;
   alignas(kSwizzleAtomBytes) Element q[T::kBlockM * T::kHeadDimPadded];
   alignas(kSwizzleAtomBytes) Element k[T::kStages][T::kBlockN * T::kHeadDimPadded];
-  alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kBlockN * T::kHeadDimVPadded];
+  alignas(kSwizzleAtomBytes) Element v[T::kStages][T::kVTileRows * T::kVTileCols];
   OStaging<T> o_staging;
   __device__ uint8_t* o() { return o_staging.ptr(q); }
   Mbarrier q_full;

@@ -140,7 +140,7 @@ struct Mainloop {
           load_v(c.pipe, c.n, c.head_kv, 0, c.work.k.begin);
         } else if constexpr (T::kKvCache) {  // the batch's K/V batch or pages of the cache
           if (args.cache.page_table != nullptr) {
-            load_paged<T::kHeadDimVPadded>(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage],
+            load_paged<T::kVTileCols>(&args.v, smem.v_full[c.pipe.stage], smem.v[c.pipe.stage],
                                      c.n, c.head_kv, c.work.k.batch);
           } else {
             load_v(c.pipe, c.n, c.head_kv, c.work.k.batch, c.work.k.begin);

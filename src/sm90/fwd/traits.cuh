@@ -221,6 +221,16 @@ struct TileConfigFp8<128, kCausal, kShort> : LoopDefaults {
 template <>
 inline constexpr int kShortMaxSeqlen<true, 128, false> = 4096;
 template <bool kCausal, bool kShort>
+struct TileConfigFp8<64, kCausal, kShort> : TileConfigFp8<128, kCausal, kShort> {
+  // Head dim 64 (issue 26): half a 128-byte row, so Q and K tiles are laid
+  // out as head dim 128's (TMA fills the second half with zeros) and the
+  // Q K^T GEMM reduces over 2 k-steps; V (Fp8V) is 64 rows of keys, O 32
+  // registers. Head dim 128's choices, not yet measured at 64: 16 KB Q +
+  // 16 KB O + 4 x (16 + 8) KB K/V = 128 KB.
+};
+template <>
+inline constexpr int kShortMaxSeqlen<true, 64, false> = 4096;
+template <bool kCausal, bool kShort>
 struct TileConfigFp8<256, kCausal, kShort> : LoopDefaults {
   // 32 KB Q + 64 KB O + 2 x 2 x 32 KB K/V = 224 KB.
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -314,6 +324,9 @@ struct KvCacheConfig : Config {
 // kKvCache, each batch's key count and K/V batch from the device
 // (KernelArgs::cache).
 enum class Sequences { kDense, kSplitKv, kVarlen, kKvCache };
+
+// x rounded up to a multiple of `to`.
+constexpr int round_up(int x, int to) { return (x + to - 1) / to * to; }
 
 // kDType: of Q, K, V; kOutDType: of O (the same, or fp16/bf16 for fp8).
 // kHeadDim: of Q and K; kHeadDimV: of V and O (TileConfig).
@@ -460,26 +473,29 @@ struct Traits {
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
   static constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;
   static constexpr int kMmaK = kMmaKBytes / kElementBytes;
-  // The tiles' columns: the head dims rounded up to whole column blocks (96:
-  // 128, the rest past 96 TMA's zeros), whose full boxes the TMA loads count.
-  static constexpr int kHeadDimPadded = (kHeadDim + kSwizzleCols - 1) / kSwizzleCols * kSwizzleCols;
-  static constexpr int kHeadDimVPadded =
-      (kHeadDimV + kSwizzleCols - 1) / kSwizzleCols * kSwizzleCols;
+  // The tiles' columns: the head dims rounded up to whole column blocks (96
+  // at 16 bits and 64 in fp8: 128), the columns past the head dim TMA's
+  // zeros, which the boxes' byte counts include. FP8 V arrives transposed
+  // (Fp8V layout: its rows are the head dim, unpadded, of kBlockN keys); O,
+  // 16-bit, takes 64-column blocks of its own.
+  static constexpr int kHeadDimPadded = round_up(kHeadDim, kSwizzleCols);
+  static constexpr int kVTileRows = kFp8 ? kHeadDimV : kBlockN;
+  static constexpr int kVTileCols = kFp8 ? kBlockN : round_up(kHeadDimV, kSwizzleCols);
+  static constexpr int kOCols = round_up(kHeadDimV, kSwizzleCols16);
   static constexpr int kColBlocks = kHeadDimPadded / kSwizzleCols;  // of Q and K
   static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * kElementBytes;
   static constexpr int kKTileBytes = kBlockN * kHeadDimPadded * kElementBytes;
-  static constexpr int kVTileBytes = kBlockN * kHeadDimVPadded * kElementBytes;
+  static constexpr int kVTileBytes = kVTileRows * kVTileCols * kElementBytes;
   // Rows of one K or V load (a TMA box): half a tile with kClusterKv.
   static constexpr int kKLoadRows = kBlockN / kClusterCtas;
   static constexpr int kVLoadRows = (kFp8 ? kHeadDim : kBlockN) / kClusterCtas;
   static constexpr int kSAccRegs = kBlockN / 2;   // 64 x kBlockN fp32 over 128 threads
   static constexpr int kPRegs = kSAccRegs * kElementBytes / 4;  // P packed in 32-bit registers
   static constexpr int kOAccRegs = kHeadDimV / 2;  // 64 x kHeadDimV fp32 over 128 threads
-  static constexpr int kOColBlocks = kHeadDimVPadded / kSwizzleCols16;  // O is 16-bit
-  // FP8: V arrives transposed (Fp8V layout: headdim rows of keys), so its
-  // tile is kHeadDim rows of kBlockN keys in kBlockN / 128 column blocks;
-  // O gets its own staging tile.
-  static constexpr int kVColBlocks = kFp8 ? kBlockN / kSwizzleCols : kHeadDimVPadded / kSwizzleCols;
+  static constexpr int kOColBlocks = kOCols / kSwizzleCols16;
+  // FP8: V's tile is kHeadDim rows of kBlockN keys in kBlockN / 128 column
+  // blocks; O gets its own staging tile.
+  static constexpr int kVColBlocks = kVTileCols / kSwizzleCols;
   // How O leaves (epilogue.cuh), chosen per tile config: straight from
   // registers (4-byte global stores), staged in the warpgroup's rows of the Q
   // tile for a TMA store, staged in a tile of its own (fp8, whose 1-byte Q
@@ -507,7 +523,7 @@ struct Traits {
   static constexpr int kQReleaseArrivals = kEarlyQRelease ? kConsumerThreads : kConsumerWarpgroups;
   static_assert(kHeadDim % kMmaK == 0 && kHeadDimV % 16 == 0,
                 "whole 16-column steps of the Q K^T GEMM and of O's stores");
-  static_assert(!kFp8 || kHeadDim % kSwizzleCols == 0, "fp8: whole swizzle rows");
+  static_assert(!kFp8 || kHeadDimV % kMmaK == 0, "fp8: PV's N in whole steps");
   static_assert(!kFp8 || kBlockN % kSwizzleCols == 0, "fp8 key blocks fill whole swizzle rows");
   static_assert(kBlockN % kMmaK16 == 0 && kBlockM % kMmaM == 0, "tile shape");
   static_assert(kKLoadRows % 8 == 0 && kVLoadRows % 8 == 0,
