@@ -107,7 +107,7 @@ TEST_P(BackwardSweep, SlidingWindows) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardSweep,
                          ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::Values(64, 128, 256)),
+                                            ::testing::Values(64, 96, 128, 256)),
                          [](const auto& info) {
                            return kernel_label(std::get<0>(info.param), std::get<1>(info.param));
                          });
@@ -150,7 +150,7 @@ TEST_P(BackwardDeterminism, TenRunsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardDeterminism,
-                         ::testing::Combine(::testing::Values(64, 128, 256), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(64, 96, 128, 256), ::testing::Bool()));
 
 class SanitizeBackward : public HopperTest {};
 
@@ -174,6 +174,16 @@ TEST_F(SanitizeBackward, Fp16D64WindowChunkDeterministic) {
   c.forward.window_left = 40;
   c.forward.window_right = 10;
   c.forward.attention_chunk = 100;
+  c.deterministic = true;
+  expect_gradients_match_reference(c);
+}
+// Head dim 96: padded tiles, the dK/dV GEMMs in 64 + 32 columns, dQ as two
+// partial sums over each warpgroup's keys (Traits::kDqKeySplit); GQA.
+TEST_F(SanitizeBackward, Bf16D96Seqlen300x129Gqa) {
+  expect_gradients_match_reference(make_case(DType::kBFloat16, 96, {2, 300, 129, 4, 2}, false));
+}
+TEST_F(SanitizeBackward, Fp16D96CausalDeterministic) {
+  BackwardCase c = make_case(DType::kFloat16, 96, {1, 200, 333, 2, 2}, true);
   c.deterministic = true;
   expect_gradients_match_reference(c);
 }

@@ -100,7 +100,7 @@ Status dispatch(const ForwardParams& p, cudaStream_t stream) {
 
 Status dispatch(const BackwardParams& p, cudaStream_t stream) {
   return visit_dtype(kBackwardCall, p.dtype, [&](auto dtype) {
-    return visit_headdim(kBackwardCall, p.headdim, [&](auto headdim) {
+    return visit_headdim<BackwardHeadDims>(kBackwardCall, p.headdim, [&](auto headdim) {
       constexpr DType kDType = decltype(dtype)::value;
       constexpr int kHeadDim = decltype(headdim)::value;
       return launch_if_built<kBwdKernelBuilt<kDType, kHeadDim>, kDType, kHeadDim>(

@@ -138,7 +138,7 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
                       const BackwardOptions& options, BackwardParams* params) {
   const Named tensors[] = {{"dout", dout}, {"q", q},   {"k", k},   {"v", v},
                            {"out", out},   {"dq", dq}, {"dk", dk}, {"dv", dv}};
-  if (Status s = check_headdim_first(q); !s.ok()) {
+  if (Status s = check_headdim_first(q, HeadDimsOf::kBackward); !s.ok()) {
     return s;
   }
   if (v.shape[3] > 0 && v.shape[3] != q.shape[3]) {  // the forward's dv != d
@@ -387,7 +387,7 @@ Status check_backward_workspace_size(const Tensor& q, const Tensor& k, const Var
   if (Status s = check_q_and_k(q, k); !s.ok()) {
     return s;
   }
-  if (Status s = check_headdim(q.shape[3]); !s.ok()) {
+  if (Status s = check_headdim(q.shape[3], HeadDimsOf::kBackward); !s.ok()) {
     return s;
   }
   if (Status s = check_lse_rows(q); !s.ok()) {

@@ -207,12 +207,16 @@ bool float_span(const float* data, uint64_t count, Span* span) {
 }
 
 Status check_headdim(int64_t d, HeadDimsOf of) {
-  const bool forward = of == HeadDimsOf::kForward;
-  if (forward ? !contains(ForwardHeadDims{}, d) : !contains(HeadDims{}, d)) {
-    return unsupported("headdim = ", d, " is not supported; supported: ",
-                       forward ? list_text(ForwardHeadDims{}) : list_text(HeadDims{}));
+  const auto check = [d](auto dims) {
+    return contains(dims, d) ? Status{}
+                             : unsupported("headdim = ", d, " is not supported; supported: ",
+                                           list_text(dims));
+  };
+  switch (of) {
+    case HeadDimsOf::kForward: return check(ForwardHeadDims{});
+    case HeadDimsOf::kBackward: return check(BackwardHeadDims{});
+    default: return check(HeadDims{});
   }
-  return Status{};
 }
 
 Status check_headdim_first(const Tensor& q, HeadDimsOf of) {

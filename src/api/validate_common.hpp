@@ -106,9 +106,9 @@ Status check_forward_workspace(const ForwardOptions& options,
 
 // Unsupported (naming the head dims the kernels have) unless d is one of
 // them (sm90/head_dims.hpp): the 16-bit forward's (kForward, with the
-// KV-cache append) or the others' (the backward, quantization, the FP8 V
+// KV-cache append), the backward's, or the others' (quantization, the FP8 V
 // layout).
-enum class HeadDimsOf { kForward, kOthers };
+enum class HeadDimsOf { kForward, kBackward, kOthers };
 Status check_headdim(int64_t d, HeadDimsOf of = HeadDimsOf::kOthers);
 // check_headdim of q's head dim when it is positive, before the tensors'
 // own checks: a head dim without a kernel (d = 59) is refused as such rather

@@ -156,10 +156,19 @@ struct Mainloop {
     const int col0 = T::dkv_col_offset(warpgroup);  // a multiple of kSwizzleCols
     const auto b = desc_mn_major<false>(
         b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
+    // Head dim 96: the first column block, then the second block's 32.
+    constexpr int kWhole = T::kDkvCols / kSwizzleCols * kSwizzleCols;
+    constexpr int kPart = T::kDkvCols - kWhole;
 #pragma unroll
     for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
-      mma_rs<Element, T::kDkvCols, gmma::Major::MN>(
-          &a[4 * kk], b.at(kk * kMmaK16 * kSwizzleRowBytes), acc);
+      const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
+      if constexpr (kPart == 0) {
+        mma_rs<Element, T::kDkvCols, gmma::Major::MN>(&a[4 * kk], b.at(step), acc);
+      } else {
+        mma_rs_cols<Element, kWhole, gmma::Major::MN, 0>(&a[4 * kk], b.at(step), acc);
+        mma_rs_cols<Element, kPart, gmma::Major::MN, kWhole / 2>(
+            &a[4 * kk], b.at(kWhole / kSwizzleCols * kBlockM * kSwizzleRowBytes + step), acc);
+      }
     }
     fence_operands(acc);
   }
@@ -189,6 +198,11 @@ struct Mainloop {
   __device__ void gemm_dq(uint32_t ds_addr, int warpgroup,
                           float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
     mma_fence();
+    if constexpr (T::kDqKeySplit) {
+      gemm_dq_own_keys(ds_addr, warpgroup, dq);
+      mma_commit();
+      return;
+    }
     const int col0 = warpgroup * T::kDqCols;
     const auto b = desc_mn_major<false>(smem_u32(smem.k) +
                                             (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes +
@@ -206,6 +220,32 @@ struct Mainloop {
       }
     }
     mma_commit();
+  }
+
+  // T::kDqKeySplit (head dim 96): this warpgroup's partial dQ, every column
+  // over its own 64 keys (the rows of the dS^T and K tiles it wrote or
+  // owns), in the first column block and then the second block's part.
+  __device__ void gemm_dq_own_keys(uint32_t ds_addr, int warpgroup,
+                                   float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
+    constexpr int kWhole = T::kDqCols / kSwizzleCols * kSwizzleCols;
+    constexpr int kPart = T::kDqCols - kWhole;
+    static_assert(kWhole > 0 && kPart > 0, "whole blocks and a part");
+    const int key0 = T::key_offset(warpgroup);
+    const auto b = desc_mn_major<false>(smem_u32(smem.k), kBlockN * kSwizzleRowBytes);
+#pragma unroll
+    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+      const auto a = desc_mn_major<false>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+                                          kBlockN * kSwizzleRowBytes);
+#pragma unroll
+      for (int kk = 0; kk < kMmaM / kMmaK16; ++kk) {
+        const uint32_t step = (key0 + kk * kMmaK16) * kSwizzleRowBytes;
+        mma_ss_cols<Element, kWhole, gmma::Major::MN, gmma::Major::MN, 0>(a.at(step), b.at(step),
+                                                                          dq[rg], kk > 0);
+        mma_ss_cols<Element, kPart, gmma::Major::MN, gmma::Major::MN, kWhole / 2>(
+            a.at(step), b.at(kWhole / kSwizzleCols * kBlockN * kSwizzleRowBytes + step), dq[rg],
+            kk > 0);
+      }
+    }
   }
 
   // A 16-bit P^T or dS^T fragment (this warpgroup's 64 keys) into a tile
@@ -235,18 +275,34 @@ struct Mainloop {
   // This warpgroup's dQ registers into the staging tile, in the workspace's
   // order: float4 chunk c of thread t of warpgroup w at ((w * chunks + c) *
   // 128 + t) * 4 (postprocess.cuh reads it back).
+  // T::kDqKeySplit: warpgroup 0's partial sums go in, warpgroup 1 adds its
+  // own to them (the same thread-order place: the same fragment layout).
   __device__ void stage_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup) {
     constexpr int kChunks = T::kDqRowGroups * T::kDqAccRegs / 4;
     const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
+    const int part = T::kDqKeySplit ? 0 : warpgroup;  // the warpgroup's columns
+    const bool add = T::kDqKeySplit && warpgroup == 1;
+    if (add) {
+      named_barrier_sync(NamedBarrier::kBwdDqPartial, T::kConsumerThreads);
+    }
     float4* staging = reinterpret_cast<float4*>(smem.dq);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
 #pragma unroll
       for (int c = 0; c < T::kDqAccRegs / 4; ++c) {
         const int chunk = rg * (T::kDqAccRegs / 4) + c;
-        staging[(warpgroup * kChunks + chunk) * T::kWarpgroupThreads + t] =
-            make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2], dq[rg][4 * c + 3]);
+        float4 x = make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2],
+                               dq[rg][4 * c + 3]);
+        float4& slot = staging[(part * kChunks + chunk) * T::kWarpgroupThreads + t];
+        if (add) {
+          const float4 first = slot;
+          x = make_float4(first.x + x.x, first.y + x.y, first.z + x.z, first.w + x.w);
+        }
+        slot = x;
       }
+    }
+    if (T::kDqKeySplit && !add) {
+      named_barrier_arrive(NamedBarrier::kBwdDqPartial, T::kConsumerThreads);
     }
   }
 

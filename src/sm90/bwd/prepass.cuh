@@ -37,7 +37,11 @@ inline constexpr int kPrepassThreads = 256;
 template <class T>
 __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassArgs args) {
   using Element = typename T::Element;
-  constexpr int kThreadsPerRow = T::kHeadDim / 8;  // 16 bytes each
+  // A row's lanes read 16 bytes each, a power of two of lanes (their sum is
+  // a butterfly over them): head dim 96's 12 pieces take 16 lanes, 4 idle.
+  constexpr int kPieces = T::kHeadDim / 8;
+  constexpr int kThreadsPerRow = kPieces <= 8 ? 8 : kPieces <= 16 ? 16 : 32;
+  static_assert(kPieces * 8 == T::kHeadDim && kPieces <= 32, "16-byte pieces of a row");
   constexpr int kRowsPerPass = kPrepassThreads / kThreadsPerRow;
   const int head = static_cast<int>(blockIdx.y);
   const QueryRows q = query_rows(args.varlen, static_cast<int>(blockIdx.z), head, args.heads_q,
@@ -53,7 +57,7 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassA
          r += kRowsPerPass) {
       const int row = m_block * T::kBlockM + r;
       float sum = 0.0f;
-      if (row < q.length) {
+      if (row < q.length && part < kPieces) {
         const uint4 o = *reinterpret_cast<const uint4*>(
             static_cast<const Element*>(args.out) +
             args.out_stride.offset(q.batch, q.row0 + row, head) + part * 8);

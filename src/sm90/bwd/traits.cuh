@@ -35,6 +35,11 @@ struct TileConfig<128> {
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
 };
 template <>
+struct TileConfig<96> : TileConfig<128> {
+  // Head dim 96: head dim 128's tiles (the rows padded to two column blocks,
+  // the last 32 columns TMA's zeros), so the same 192 KB less dQ's 8 KB.
+};
+template <>
 struct TileConfig<256> {
   // 32 + 32 KB K, V + 1 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 64 KB dQ + 2 x 8
   // KB P = 224 KB: a second Q / dO stage would not fit.
@@ -72,9 +77,14 @@ struct Traits {
 
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
   static constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;
-  static constexpr int kColBlocks = kHeadDim / kSwizzleCols;
-  static constexpr int kQTileBytes = kBlockM * kHeadDim * kElementBytes;
-  static constexpr int kKVTileBytes = kBlockN * kHeadDim * kElementBytes;
+  // The tiles' columns: the head dim rounded up to whole column blocks (96:
+  // 128, TMA's zeros past 96, which the boxes' byte counts include). GEMMs
+  // whose N is the head dim (MN-major B: dV, dK, dQ) run over its whole
+  // blocks and then its last part, each from a block's start (mma_*_cols).
+  static constexpr int kHeadDimPadded = (kHeadDim + kSwizzleCols - 1) / kSwizzleCols * kSwizzleCols;
+  static constexpr int kColBlocks = kHeadDimPadded / kSwizzleCols;
+  static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * kElementBytes;
+  static constexpr int kKVTileBytes = kBlockN * kHeadDimPadded * kElementBytes;
   static constexpr int kRowBytes = kBlockM * static_cast<int>(sizeof(float));  // LSE or dpsum
 
   // Per consumer thread: S^T, dP^T (64 keys x kBlockM), their 16-bit forms
@@ -90,14 +100,21 @@ struct Traits {
     return kDimSplit ? warpgroup * kDkvCols : 0;
   }
   // dQ (kBlockM x headdim) of a step: each consumer warpgroup computes
-  // kDqCols columns of every 64-row group of it.
+  // kDqCols columns of every 64-row group of it; or (kDqKeySplit: the
+  // halves of 96 columns would run from inside a column block into the
+  // next, which no MN-major descriptor describes) every column over its own
+  // 64 keys, the two partial sums added in the staging tile.
+  static constexpr bool kDqKeySplit =
+      !kDimSplit && (kHeadDim / kConsumerWarpgroups) % kSwizzleCols != 0 &&
+      kSwizzleCols % (kHeadDim / kConsumerWarpgroups) != 0;
+  static constexpr int kDqWarpgroups = kDqKeySplit ? 1 : kConsumerWarpgroups;  // column parts
   static constexpr int kDqRowGroups = kBlockM / kMmaM;
-  static constexpr int kDqCols = kHeadDim / kConsumerWarpgroups;
+  static constexpr int kDqCols = kHeadDim / kDqWarpgroups;
   static constexpr int kDqAccRegs = kDqCols / 2;  // per row group
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
 
-  static_assert(kHeadDim % kSwizzleCols == 0 && kBlockM % kSwizzleCols == 0,
-                "tiles fill whole swizzle rows");
+  static_assert(kHeadDim % 16 == 0 && kBlockM % kSwizzleCols == 0,
+                "whole 16-column steps; query tiles fill whole swizzle rows");
   // A warpgroup's columns of an MN-major operand (Mainloop's gemm_dq and
   // gemm_accumulate_kv*): whole swizzle blocks, or (dQ) a part of one; a
   // range that starts inside a block and runs into the next has no
@@ -105,8 +122,9 @@ struct Traits {
   // (design.md: its backward).
   static_assert(!kDimSplit || kDkvCols % kSwizzleCols == 0,
                 "a warpgroup's dK/dV columns start a swizzle block");
-  static_assert(kDqCols % kSwizzleCols == 0 || kSwizzleCols % kDqCols == 0,
+  static_assert(kDqKeySplit || kDqCols % kSwizzleCols == 0 || kSwizzleCols % kDqCols == 0,
                 "a warpgroup's dQ columns are whole swizzle blocks or within one");
+  static_assert(!kDqKeySplit || kKeyWarpgroups == 2, "the key split adds two partial sums");
   static_assert(kDqAccRegs % 4 == 0, "dQ leaves in float4 chunks");
 };
 

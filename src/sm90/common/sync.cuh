@@ -73,6 +73,7 @@ enum class NamedBarrier : uint32_t {
   kBwdDqEmpty = 9,
   kBwdDkvStored = 10,
   kBwdPReady = 11,  // kDimSplit: warpgroup 0's P^T tile is in shared memory
+  kBwdDqPartial = 12,  // kDqKeySplit: warpgroup 0's partial dQ is staged
   kScheduleFence = 15,  // one warp arrives, nobody waits: see schedule_after()
 };
 

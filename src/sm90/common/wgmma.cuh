@@ -145,6 +145,18 @@ __device__ __forceinline__ void mma_rs_cols(const uint32_t* a, uint64_t desc_b,
                      std::make_index_sequence<kN / 2>{});
 }
 
+// The same with A from shared memory: d's registers [kFirst, kFirst + kN / 2)
+// (+)= A * B.
+template <class Element, int kN, gmma::Major kMajorB, gmma::Major kMajorA, int kFirst, int kRegs>
+__device__ __forceinline__ void mma_ss_cols(uint64_t desc_a, uint64_t desc_b, float (&d)[kRegs],
+                                            bool accumulate) {
+  using Op = MmaSS<Element, kN, kMajorB, kMajorA>;
+  static_assert(kFirst % 4 == 0 && kFirst + kN / 2 <= kRegs, "whole 8-column groups of d");
+  detail::mma_ss<Op>(desc_a, desc_b, d + kFirst,
+                     accumulate ? gmma::ScaleOut::One : gmma::ScaleOut::Zero,
+                     std::make_index_sequence<kN / 2>{});
+}
+
 // Keeps the compiler from moving register reads/writes across wgmma issue/wait.
 template <class T, int kRegs>
 __device__ __forceinline__ void fence_operands(T (&regs)[kRegs]) {
