@@ -137,7 +137,7 @@ def test_runs_on_the_current_stream():
         (lambda q, k, v: (q, k[..., :64], v), ValueError, r"k\.shape\[3\] \(headdim\) = 64 differs"),
         (lambda q, k, v: (q[:, :, :3], k[:, :, :2], v[:, :, :2]), ValueError, "not a multiple"),
         (lambda q, k, v: (q.float(), k.float(), v.float()), ValueError, r"q\.dtype is float32"),
-        (lambda q, k, v: (q[..., :96], k[..., :96], v[..., :96]), NotImplementedError, "headdim = 96"),
+        (lambda q, k, v: (q[..., :80], k[..., :80], v[..., :80]), NotImplementedError, "headdim = 80"),
         (lambda q, k, v: (q.double(), k, v), ValueError, r"q\.dtype is torch\.float64"),
         (lambda q, k, v: (q[0], k, v), ValueError, "q must be a 4-d"),
         (lambda q, k, v: (q, k.cpu(), v), ValueError, "k is on cpu but q is on cuda"),
