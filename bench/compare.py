@@ -93,13 +93,14 @@ def median_ms(calls, warmup, iters):
 
 def run_cell(dtype, headdim, causal, seqlen, args, reasons):
     batch, heads = max(1, TOKENS // seqlen), HIDDEN // headdim
-    q, k, v = (torch.randn(batch, seqlen, heads, headdim, device="cuda", dtype=DTYPES[dtype]) for _ in range(3))
-    flops = 4 * batch * heads * seqlen**2 * headdim / (2 if causal else 1)
+    dv = args.headdim_v or headdim  # v's and out's head dim
+    q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=DTYPES[dtype]) for d in (headdim, headdim, dv))
+    flops = 2 * batch * heads * seqlen**2 * (headdim + dv) / (2 if causal else 1)
     if args.backward or args.train:  # each library's own backward of its own forward; dq compared
         flops *= 2.5 if args.backward else 3.5
         for x in (q, k, v):
             x.requires_grad_()
-        dout = torch.randn_like(q)
+        dout = torch.randn(batch, seqlen, heads, dv, device="cuda", dtype=DTYPES[dtype])
     calls, outs = {}, {}
     for name, (fn, context) in BACKENDS.items():
         try:
@@ -128,7 +129,8 @@ def run_cell(dtype, headdim, causal, seqlen, args, reasons):
         atol = DIFF_ULPS * torch.finfo(q.dtype).eps * ref.abs().max().item()
         suspect = not diff["flash3"] <= 2 * (diff["FA2"] or 0.0) + atol  # NaN is suspect too
     return {
-        "dtype": dtype, "headdim": headdim, "causal": causal, "batch": batch, "seqlen": seqlen, "heads": heads,
+        "dtype": dtype, "headdim": headdim, "headdim_v": dv, "causal": causal, "batch": batch, "seqlen": seqlen,
+        "heads": heads,
         "ms_median": ms,
         "tflops": {name: flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
         "max_abs_diff_vs_cudnn": diff,
@@ -146,7 +148,8 @@ def table(records):
     rows = []
     for r in records:
         t, d = r["tflops"], r["max_abs_diff_vs_cudnn"]
-        rows.append([r["dtype"], str(r["headdim"]), "yes" if r["causal"] else "no", str(r["seqlen"]),
+        dims = str(r["headdim"]) + (f"/{r['headdim_v']}" if r.get("headdim_v", r["headdim"]) != r["headdim"] else "")
+        rows.append([r["dtype"], dims, "yes" if r["causal"] else "no", str(r["seqlen"]),
                      fmt(t["flash3"], ".0f"), fmt(t["cuDNN"], ".0f"), fmt(t["FA2"], ".0f"),
                      fmt(ratio(t["flash3"], t["cuDNN"]), ".2f"), fmt(ratio(t["flash3"], t["FA2"]), ".2f"),
                      fmt(d["flash3"], ".2g") + (" !" if r["suspect"] else ""), fmt(d["FA2"], ".2g")])
@@ -212,6 +215,8 @@ def main():
                         help="time the backward (FLOPs 2.5x the forward's; dq compared with cuDNN's)")
     parser.add_argument("--train", action="store_true",
                         help="time forward + backward together (FLOPs 3.5x the forward's; dq compared)")
+    parser.add_argument("--headdim-v", type=int, default=None,
+                        help="v's and out's head dim (default: the head dim; 128 with --headdim 192 is DeepSeek's)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--json", help="write the records and metadata here")
