@@ -107,7 +107,7 @@ TEST_P(BackwardSweep, SlidingWindows) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardSweep,
                          ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
-                                            ::testing::Values(64, 96, 128, 256)),
+                                            ::testing::Values(64, 96, 128, 192, 256)),
                          [](const auto& info) {
                            return kernel_label(std::get<0>(info.param), std::get<1>(info.param));
                          });
@@ -150,7 +150,7 @@ TEST_P(BackwardDeterminism, TenRunsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardDeterminism,
-                         ::testing::Combine(::testing::Values(64, 96, 128, 256), ::testing::Bool()));
+                         ::testing::Combine(::testing::Values(64, 96, 128, 192, 256), ::testing::Bool()));
 
 class SanitizeBackward : public HopperTest {};
 
@@ -184,6 +184,16 @@ TEST_F(SanitizeBackward, Bf16D96Seqlen300x129Gqa) {
 }
 TEST_F(SanitizeBackward, Fp16D96CausalDeterministic) {
   BackwardCase c = make_case(DType::kFloat16, 96, {1, 200, 333, 2, 2}, true);
+  c.deterministic = true;
+  expect_gradients_match_reference(c);
+}
+// Head dim 192: 256's split over the head dim, in parts of 128 + 64 columns
+// (dK/dV) and 64 + 128 (dQ); GQA, causal, deterministic.
+TEST_F(SanitizeBackward, Bf16D192Seqlen300x129Gqa) {
+  expect_gradients_match_reference(make_case(DType::kBFloat16, 192, {2, 300, 129, 4, 2}, false));
+}
+TEST_F(SanitizeBackward, Fp16D192CausalDeterministic) {
+  BackwardCase c = make_case(DType::kFloat16, 192, {1, 200, 333, 2, 2}, true);
   c.deterministic = true;
   expect_gradients_match_reference(c);
 }

@@ -240,11 +240,11 @@ const InvalidBackwardCase kCases[] = {
     {"DvDtypeDiffers", [](P& p) { p.dv.dtype = DType::kFloat16; }, Code::kInvalidArgument,
      "dv.dtype (float16) differs from q.dtype (bfloat16)"},
     {"HeadDim80", [](P& p) { set_headdim_all(p, 80); }, Code::kUnsupported,
-     "headdim = 80 is not supported; supported: 64, 96, 128, 256"},
+     "headdim = 80 is not supported; supported: 64, 96, 128, 192, 256"},
     {"HeadDim32", [](P& p) { set_headdim_all(p, 32); }, Code::kUnsupported,
      "headdim = 32 is not supported"},
-    {"HeadDim192", [](P& p) { set_headdim_all(p, 192); }, Code::kUnsupported,
-     "headdim = 192 is not supported; supported: 64, 96, 128, 256"},  // a forward-only head dim
+    {"HeadDim160", [](P& p) { set_headdim_all(p, 160); }, Code::kUnsupported,
+     "headdim = 160 is not supported; supported: 64, 96, 128, 192, 256"},
     {"KHeadDimMismatch", [](P& p) { set_dims(p.k, 2, 16, 2, 128); }, Code::kInvalidArgument,
      "k.shape[3] (headdim) = 128 differs from q's 64"},
     {"VBatchMismatch", [](P& p) { set_dims(p.v, 1, 16, 2, 64); }, Code::kInvalidArgument,
@@ -547,7 +547,7 @@ TEST(BackwardWorkspaceSize, NeedsNoDevice) {
 }
 
 TEST(BackwardWorkspaceSize, HoldsAnFp32DqAccumulatorAndTheRowStatistics) {
-  for (const int64_t headdim : {64, 96, 128, 256}) {
+  for (const int64_t headdim : {64, 96, 128, 192, 256}) {
     for (const bool deterministic : {false, true}) {
       const size_t bytes = workspace_bytes(3, 1000, 700, 4, 4, headdim, deterministic);
       EXPECT_GE(bytes, size_t{3} * 4 * 1000 * (headdim + 2) * sizeof(float)) << headdim;
@@ -558,7 +558,7 @@ TEST(BackwardWorkspaceSize, HoldsAnFp32DqAccumulatorAndTheRowStatistics) {
 // O(seqlen * headdim), not O(seqlen^2): doubling the sequence lengths (in
 // whole tiles) doubles the size, up to the regions' 256-byte rounding.
 TEST(BackwardWorkspaceSize, GrowsLinearlyWithSeqlen) {
-  for (const int64_t headdim : {64, 96, 128, 256}) {
+  for (const int64_t headdim : {64, 96, 128, 192, 256}) {
     for (const bool deterministic : {false, true}) {
       for (const int64_t heads_k : {8, 2}) {
         const double s1 = workspace_bytes(2, 1024, 1024, 8, heads_k, headdim, deterministic);
@@ -576,7 +576,7 @@ TEST(BackwardWorkspaceSize, GrowsLinearlyWithSeqlen) {
 
 // GQA adds the fp32 dK/dV accumulators; deterministic adds semaphores.
 TEST(BackwardWorkspaceSize, LargerWithGqaAndDeterministic) {
-  for (const int64_t headdim : {64, 96, 128, 256}) {
+  for (const int64_t headdim : {64, 96, 128, 192, 256}) {
     const size_t mha = workspace_bytes(2, 512, 1024, 8, 8, headdim, false);
     const size_t gqa = workspace_bytes(2, 512, 1024, 8, 2, headdim, false);
     const size_t mqa = workspace_bytes(2, 512, 1024, 8, 1, headdim, false);
@@ -868,7 +868,7 @@ TEST(BackwardVarlenValidation, ValidCallsPassValidation) {
 // sequence), and the key blocks' prefix sums: more than the dense
 // workspace of the totals, growing with the number of sequences.
 TEST(BackwardVarlenWorkspaceSize, AddsATilePerSequence) {
-  for (const int64_t headdim : {64, 96, 128, 256}) {
+  for (const int64_t headdim : {64, 96, 128, 192, 256}) {
     const Tensor q = Tensor::contiguous(far_address(1), DType::kBFloat16, 1, 4096, 8, headdim);
     const Tensor k = Tensor::contiguous(far_address(2), DType::kBFloat16, 1, 4096, 8, headdim);
     BackwardOptions options;

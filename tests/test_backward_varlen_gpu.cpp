@@ -255,7 +255,7 @@ class BackwardVarlen : public HopperTest {};
 TEST_F(BackwardVarlen, RaggedBatchesMatchTheReference) {
   const std::vector<int> seqlens_q = {17, 0, 1, 300, 129, 1000, 64, 5};
   const std::vector<int> seqlens_k = {40, 5, 0, 300, 700, 1000, 7, 0};
-  for (const int headdim : {64, 96, 128, 256}) {
+  for (const int headdim : {64, 96, 128, 192, 256}) {
     for (const bool causal : {false, true}) {
       SCOPED_TRACE("headdim " + std::to_string(headdim) + (causal ? " causal" : ""));
       expect_varlen_backward_matches_reference(

@@ -13,7 +13,7 @@ namespace flash3::detail {
 // The 16-bit forward (and the KV-cache append); the backward; quantization
 // and the FP8 V layout; the FP8 forward.
 using ForwardHeadDims = std::integer_sequence<int, 64, 96, 128, 192, 256>;
-using BackwardHeadDims = std::integer_sequence<int, 64, 96, 128, 256>;
+using BackwardHeadDims = std::integer_sequence<int, 64, 96, 128, 192, 256>;
 using HeadDims = std::integer_sequence<int, 64, 128, 256>;
 using Fp8HeadDims = std::integer_sequence<int, 64, 128, 256>;
 // V's (and out's) head dims of the 16-bit forward per head dim of q and k:

@@ -29,7 +29,7 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
   }
 }
 
-// dK (scaled) and dV of a warpgroup's 64 keys (kDimSplit: its half of the
+// dK (scaled) and dV of a warpgroup's 64 keys (kDimSplit: its part of the
 // head dim of them): straight to the 16-bit
 // outputs, or with GQA added into the fp32 sums of the K/V head (after the
 // query heads before this one, in deterministic mode).
@@ -40,6 +40,7 @@ __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpg
   const FragmentCoord c = FragmentCoord::current();
   const int key0 = blk.n_block * T::kBlockN + T::key_offset(warpgroup) + c.warp * 16 + c.row;
   const int col0 = T::dkv_col_offset(warpgroup) + c.col;
+  const int cols = T::dkv_cols(warpgroup);  // T::kDkvUneven: fewer than the registers hold
 #pragma unroll
   for (int i = 0; i < T::kDkvAccRegs; ++i) {
     dk[i] *= args.softmax_scale;
@@ -58,6 +59,9 @@ __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpg
       }
 #pragma unroll
       for (int j = 0; j < T::kDkvCols / 8; ++j) {
+        if (T::kDkvUneven && 8 * j >= cols) {
+          continue;
+        }
         *reinterpret_cast<uint32_t*>(dk_out + key * args.dk_stride.seq + 8 * j) =
             pack2<Element>(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
         *reinterpret_cast<uint32_t*>(dv_out + key * args.dv_stride.seq + 8 * j) =
@@ -95,6 +99,9 @@ __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpg
     float* dv_row = args.dv_accum + (base + key) * T::kHeadDim + col0;
 #pragma unroll
     for (int j = 0; j < T::kDkvCols / 8; ++j) {
+      if (T::kDkvUneven && 8 * j >= cols) {
+        continue;
+      }
       atomicAdd(reinterpret_cast<float2*>(dk_row + 8 * j),
                 make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]));
       atomicAdd(reinterpret_cast<float2*>(dv_row + 8 * j),

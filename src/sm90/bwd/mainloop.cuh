@@ -191,6 +191,63 @@ struct Mainloop {
     }
     fence_operands(acc);
   }
+  // T::kDkvUneven: kCols columns from col0 (a warpgroup's part:
+  // T::dkv_cols), into acc's first registers.
+  template <int kCols>
+  __device__ void gemm_accumulate_kv_from_tile_cols(uint32_t a_addr, uint32_t b_addr, int col0,
+                                                    float (&acc)[T::kDkvAccRegs]) {
+    static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
+    fence_operands(acc);
+    mma_fence();
+    const auto a = desc_k_major<false>(a_addr);
+    const auto b = desc_mn_major<false>(
+        b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
+      mma_ss_cols<Element, kCols, gmma::Major::MN, gmma::Major::K, 0>(
+          a.at(kk * kMmaKBytes), b.at(kk * kMmaK16 * kSwizzleRowBytes), acc, true);
+    }
+    fence_operands(acc);
+  }
+
+  // T::kDkvUneven: dq (every 64-row group, kCols columns from col0, whole
+  // column blocks: T::dq_cols) = dS (A: the dS^T tile read MN-major) times K.
+  template <int kCols>
+  __device__ void gemm_dq_cols(uint32_t ds_addr, int col0,
+                               float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
+    static_assert(kCols % kSwizzleCols == 0, "whole column blocks");
+    mma_fence();
+    const auto b = desc_mn_major<false>(
+        smem_u32(smem.k) + (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes,
+        kBlockN * kSwizzleRowBytes);
+#pragma unroll
+    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+      const auto a = desc_mn_major<false>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+                                          kBlockN * kSwizzleRowBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
+        const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
+        mma_ss_cols<Element, kCols, gmma::Major::MN, gmma::Major::MN, 0>(a.at(step), b.at(step),
+                                                                         dq[rg], kk > 0);
+      }
+    }
+    mma_commit();
+  }
+
+  // T::kDkvUneven: compute_split's GEMMs of a step for warpgroup kW, of its
+  // own numbers of dK/dV and dQ columns (T::dkv_cols, T::dq_cols).
+  template <int kW>
+  __device__ void split_gemms(int stage, const Element* p_tile, const Element* ds_tile,
+                              float (&dk)[T::kDkvAccRegs], float (&dv)[T::kDkvAccRegs],
+                              float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
+    constexpr int kDkvCols = T::dkv_cols(kW), col0 = T::dkv_col_offset(kW);
+    gemm_accumulate_kv_from_tile_cols<kDkvCols>(smem_u32(p_tile), smem_u32(smem.dout[stage]),
+                                                col0, dv);
+    gemm_accumulate_kv_from_tile_cols<kDkvCols>(smem_u32(ds_tile), smem_u32(smem.q[stage]),
+                                                col0, dk);
+    mma_commit();
+    gemm_dq_cols<T::dq_cols(kW)>(smem_u32(ds_tile), T::dq_col_offset(kW), dq);
+  }
 
   // dq (every 64-row group of the kBlockM x headdim tile, this warpgroup's
   // kDqCols columns) = dS (A: the dS^T tile read MN-major) times K (B:
@@ -273,27 +330,32 @@ struct Mainloop {
   }
 
   // This warpgroup's dQ registers into the staging tile, in the workspace's
-  // order: float4 chunk c of thread t of warpgroup w at ((w * chunks + c) *
-  // 128 + t) * 4 (postprocess.cuh reads it back).
+  // order: float4 chunk c of thread t of part w (a warpgroup's columns) at
+  // ((T::dq_chunk_base(w) + c) * 128 + t) * 4, c = row group * (its columns
+  // / 8) + 8-column group (postpass.cuh reads it back).
   // T::kDqKeySplit: warpgroup 0's partial sums go in, warpgroup 1 adds its
   // own to them (the same thread-order place: the same fragment layout).
   __device__ void stage_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup) {
-    constexpr int kChunks = T::kDqRowGroups * T::kDqAccRegs / 4;
     const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
     const int part = T::kDqKeySplit ? 0 : warpgroup;  // the warpgroup's columns
+    // Its 8-column groups (T::kDkvUneven: the two parts' differ).
+    const int groups = T::kDkvUneven ? T::dq_cols(part) / 8 : T::kDqCols / 8;
     const bool add = T::kDqKeySplit && warpgroup == 1;
     if (add) {
       named_barrier_sync(NamedBarrier::kBwdDqPartial, T::kConsumerThreads);
     }
     float4* staging = reinterpret_cast<float4*>(smem.dq);
+    const int base = T::kDkvUneven ? T::dq_chunk_base(part) : part * T::dq_chunks(0);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
 #pragma unroll
       for (int c = 0; c < T::kDqAccRegs / 4; ++c) {
-        const int chunk = rg * (T::kDqAccRegs / 4) + c;
+        if (T::kDkvUneven && c >= groups) {
+          continue;
+        }
         float4 x = make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2],
                                dq[rg][4 * c + 3]);
-        float4& slot = staging[(part * kChunks + chunk) * T::kWarpgroupThreads + t];
+        float4& slot = staging[(base + rg * groups + c) * T::kWarpgroupThreads + t];
         if (add) {
           const float4 first = slot;
           x = make_float4(first.x + x.x, first.y + x.y, first.z + x.z, first.w + x.w);
@@ -501,11 +563,19 @@ struct Mainloop {
         fence_view_async_shared();
       }
       named_barrier_sync(NamedBarrier::kBwdDsReady, T::kConsumerThreads);
-      gemm_accumulate_kv_from_tile(smem_u32(p_tile), smem_u32(smem.dout[stage]), warpgroup, dv);
-      gemm_accumulate_kv_from_tile(smem_u32(ds_tile), smem_u32(smem.q[stage]), warpgroup, dk);
-      mma_commit();
       float dq[T::kDqRowGroups][T::kDqAccRegs];
-      gemm_dq(smem_u32(ds_tile), warpgroup, dq);
+      if constexpr (T::kDkvUneven) {  // each warpgroup's parts of its own sizes
+        if (warpgroup == 0) {
+          split_gemms<0>(stage, p_tile, ds_tile, dk, dv, dq);
+        } else {
+          split_gemms<1>(stage, p_tile, ds_tile, dk, dv, dq);
+        }
+      } else {
+        gemm_accumulate_kv_from_tile(smem_u32(p_tile), smem_u32(smem.dout[stage]), warpgroup, dv);
+        gemm_accumulate_kv_from_tile(smem_u32(ds_tile), smem_u32(smem.q[stage]), warpgroup, dk);
+        mma_commit();
+        gemm_dq(smem_u32(ds_tile), warpgroup, dq);
+      }
       mma_wait<0>();
       fence_operands(dv);
       fence_operands(dk);

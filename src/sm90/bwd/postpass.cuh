@@ -37,7 +37,6 @@ template <class T>
 __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const PostpassArgs args) {
   using Element = typename T::Element;
   constexpr int kThreads = T::kWarpgroupThreads;
-  constexpr int kChunks = T::kDqRowGroups * T::kDqAccRegs / 4;  // float4s per thread
   // Rows padded by 16 bytes: the 8 rows a warp's pairs fall in start 4 banks
   // apart, so its 32 4-byte writes hit 32 banks.
   constexpr int kRowElements = T::kHeadDim + 16 / static_cast<int>(sizeof(Element));
@@ -58,13 +57,23 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
          i += kPostpassThreads) {
       const float4 v = accum[i];
       // Chunk c of thread t of warpgroup w: registers 4c .. 4c + 3 of its dQ,
-      // rows g and g + 8 of its warp's 16 in row group c / (regs / 4).
+      // rows g and g + 8 of its warp's 16 in row group c / (regs / 4); with
+      // parts of their own sizes (T::kDkvUneven, Mainloop::stage_dq), the
+      // 8-column group c % groups of row group c / groups of part w.
+      constexpr int kChunks = T::kDqRowGroups * T::kDqAccRegs / 4;
       const int t = i % kThreads, chunk = (i / kThreads) % kChunks, w = i / (kThreads * kChunks);
       const int reg = 4 * chunk;
       const int rg = reg / T::kDqAccRegs, in_group = reg % T::kDqAccRegs;
       const int lane = t % 32;
-      const int row = rg * kMmaM + (t / 32) * 16 + lane / 4;  // in the block
-      const int col = w * T::kDqCols + 8 * (in_group / 4) + 2 * (lane % 4);
+      int row = rg * kMmaM + (t / 32) * 16 + lane / 4;  // in the block
+      int col = w * T::kDqCols + 8 * (in_group / 4) + 2 * (lane % 4);
+      if constexpr (T::kDkvUneven) {  // parts of their own sizes
+        const int index = i / kThreads;
+        const int part = index < T::dq_chunks(0) ? 0 : 1;
+        const int groups = T::dq_cols(part) / 8, c = index - T::dq_chunk_base(part);
+        row = c / groups * kMmaM + (t / 32) * 16 + lane / 4;
+        col = T::dq_col_offset(part) + 8 * (c % groups) + 2 * (lane % 4);
+      }
       *reinterpret_cast<uint32_t*>(&tile[row * kRowElements + col]) =
           pack2<Element>(v.x * args.softmax_scale, v.y * args.softmax_scale);
       *reinterpret_cast<uint32_t*>(&tile[(row + 8) * kRowElements + col]) =

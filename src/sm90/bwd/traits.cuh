@@ -40,6 +40,13 @@ struct TileConfig<96> : TileConfig<128> {
   // the last 32 columns TMA's zeros), so the same 192 KB less dQ's 8 KB.
 };
 template <>
+struct TileConfig<192> {
+  // As 256 (kDimSplit), the head dim split at whole column blocks, 128 + 64
+  // (Traits::dkv_cols): 24 + 24 KB K, V + 2 x (24 + 24) KB Q, dO + 2 x 8 KB
+  // dS + 48 KB dQ + 2 x 8 KB P = 224 KB.
+  static constexpr int kBlockM = 64, kBlockN = 64, kStages = 2;
+};
+template <>
 struct TileConfig<256> {
   // 32 + 32 KB K, V + 1 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 64 KB dQ + 2 x 8
   // KB P = 224 KB: a second Q / dO stage would not fit.
@@ -91,13 +98,20 @@ struct Traits {
   // as A fragments, and dK, dV (64 keys x kDkvCols of the head dim).
   static constexpr int kSAccRegs = kBlockM / 2;
   static constexpr int kPRegs = kSAccRegs / 2;
-  static constexpr int kDkvCols = kDimSplit ? kHeadDim / kConsumerWarpgroups : kHeadDim;
+  // kDimSplit: the head dim's column blocks over the two warpgroups, the
+  // first taking the larger part where they do not halve (192: 128 + 64).
+  static constexpr int kHeadBlocks = kColBlocks;
+  static constexpr bool kDkvUneven = kDimSplit && kHeadBlocks % 2 == 1;
+  static constexpr int kDkvCols0 = kDimSplit ? (kHeadBlocks + 1) / 2 * kSwizzleCols : kHeadDim;
+  static constexpr int kDkvCols1 = kDimSplit ? kHeadBlocks / 2 * kSwizzleCols : kHeadDim;
+  static constexpr int kDkvCols = kDkvCols0;  // the larger part: the registers' size
   static constexpr int kDkvAccRegs = kDkvCols / 2;
-  // A consumer warpgroup's first key in the CTA's block, and first column of
+  // A consumer warpgroup's first key in the CTA's block, and its columns of
   // dK and dV.
   static constexpr int key_offset(int warpgroup) { return kDimSplit ? 0 : warpgroup * kMmaM; }
+  static constexpr int dkv_cols(int warpgroup) { return warpgroup == 0 ? kDkvCols0 : kDkvCols1; }
   static constexpr int dkv_col_offset(int warpgroup) {
-    return kDimSplit ? warpgroup * kDkvCols : 0;
+    return kDkvUneven ? (warpgroup == 1 ? kDkvCols0 : 0) : kDimSplit ? warpgroup * kDkvCols : 0;
   }
   // dQ (kBlockM x headdim) of a step: each consumer warpgroup computes
   // kDqCols columns of every 64-row group of it; or (kDqKeySplit: the
@@ -107,10 +121,21 @@ struct Traits {
   static constexpr bool kDqKeySplit =
       !kDimSplit && (kHeadDim / kConsumerWarpgroups) % kSwizzleCols != 0 &&
       kSwizzleCols % (kHeadDim / kConsumerWarpgroups) != 0;
+  // Uneven (192): warpgroup 0, holding the larger dK/dV part, takes the
+  // smaller dQ part, the last columns (64), warpgroup 1 the first 128.
   static constexpr int kDqWarpgroups = kDqKeySplit ? 1 : kConsumerWarpgroups;  // column parts
   static constexpr int kDqRowGroups = kBlockM / kMmaM;
-  static constexpr int kDqCols = kHeadDim / kDqWarpgroups;
+  static constexpr int kDqCols0 = kDkvUneven ? kDkvCols1 : kHeadDim / kDqWarpgroups;
+  static constexpr int kDqCols1 = kDkvUneven ? kDkvCols0 : kHeadDim / kDqWarpgroups;
+  static constexpr int kDqCols = kDqCols0 > kDqCols1 ? kDqCols0 : kDqCols1;  // registers' size
   static constexpr int kDqAccRegs = kDqCols / 2;  // per row group
+  static constexpr int dq_cols(int warpgroup) { return warpgroup == 0 ? kDqCols0 : kDqCols1; }
+  static constexpr int dq_col_offset(int warpgroup) {
+    return kDqKeySplit ? 0 : kDkvUneven ? (warpgroup == 0 ? kDqCols1 : 0) : warpgroup * kDqCols0;
+  }
+  // Part w's float4 chunks in the workspace's thread order, and where they begin.
+  static constexpr int dq_chunks(int warpgroup) { return kDqRowGroups * dq_cols(warpgroup) / 8; }
+  static constexpr int dq_chunk_base(int warpgroup) { return warpgroup == 0 ? 0 : dq_chunks(0); }
   static constexpr int kDqTileFloats = kBlockM * kHeadDim;
 
   static_assert(kHeadDim % 16 == 0 && kBlockM % kSwizzleCols == 0,
@@ -120,9 +145,10 @@ struct Traits {
   // range that starts inside a block and runs into the next has no
   // descriptor. Head dim 192 split in two 96-column halves would be one
   // (design.md: its backward).
-  static_assert(!kDimSplit || kDkvCols % kSwizzleCols == 0,
+  static_assert(!kDimSplit || (kDkvCols0 % kSwizzleCols == 0 && kDkvCols1 % kSwizzleCols == 0),
                 "a warpgroup's dK/dV columns start a swizzle block");
-  static_assert(kDqKeySplit || kDqCols % kSwizzleCols == 0 || kSwizzleCols % kDqCols == 0,
+  static_assert(kDqKeySplit || kDkvUneven || kDqCols % kSwizzleCols == 0 ||
+                    kSwizzleCols % kDqCols == 0,
                 "a warpgroup's dQ columns are whole swizzle blocks or within one");
   static_assert(!kDqKeySplit || kKeyWarpgroups == 2, "the key split adds two partial sums");
   static_assert(kDqAccRegs % 4 == 0, "dQ leaves in float4 chunks");
