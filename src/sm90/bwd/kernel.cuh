@@ -35,12 +35,16 @@ __device__ void init_barriers(SharedStorage<T>& smem) {
 // query heads before this one, in deterministic mode).
 template <class T, bool kVarlen>
 __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpgroup,
-                          float (&dk)[T::kDkvAccRegs], const float (&dv)[T::kDkvAccRegs]) {
+                          float (&dk)[T::kDkvAccRegs], const float (&dv)[T::kDvAccRegs]) {
   using Element = typename T::Element;
   const FragmentCoord c = FragmentCoord::current();
   const int key0 = blk.n_block * T::kBlockN + T::key_offset(warpgroup) + c.warp * 16 + c.row;
   const int col0 = T::dkv_col_offset(warpgroup) + c.col;
   const int cols = T::dkv_cols(warpgroup);  // T::kDkvUneven: fewer than the registers hold
+  const int v_col0 = T::dv_col_offset(warpgroup) + c.col;  // dV's, as dK's over kHeadDimV
+  const int v_cols = T::dv_cols(warpgroup);
+  // One loop over both's 8-column groups (kGroups, the larger count).
+  constexpr int kGroups = (T::kDkvCols > T::kDvCols ? T::kDkvCols : T::kDvCols) / 8;
 #pragma unroll
   for (int i = 0; i < T::kDkvAccRegs; ++i) {
     dk[i] *= args.softmax_scale;
@@ -50,7 +54,7 @@ __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpg
     Element* dk_out = static_cast<Element*>(args.dk) +
                       args.dk_stride.offset(blk.q.batch, blk.k_row0, blk.head) + col0;
     Element* dv_out = static_cast<Element*>(args.dv) +
-                      args.dv_stride.offset(blk.q.batch, blk.k_row0, blk.head) + col0;
+                      args.dv_stride.offset(blk.q.batch, blk.k_row0, blk.head) + v_col0;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int key = key0 + 8 * r;
@@ -58,14 +62,15 @@ __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpg
         continue;
       }
 #pragma unroll
-      for (int j = 0; j < T::kDkvCols / 8; ++j) {
-        if (T::kDkvUneven && 8 * j >= cols) {
-          continue;
+      for (int j = 0; j < kGroups; ++j) {
+        if (j < T::kDkvCols / 8 && !(T::kDkvUneven && 8 * j >= cols)) {
+          *reinterpret_cast<uint32_t*>(dk_out + key * args.dk_stride.seq + 8 * j) =
+              pack2<Element>(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
         }
-        *reinterpret_cast<uint32_t*>(dk_out + key * args.dk_stride.seq + 8 * j) =
-            pack2<Element>(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]);
-        *reinterpret_cast<uint32_t*>(dv_out + key * args.dv_stride.seq + 8 * j) =
-            pack2<Element>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        if (j < T::kDvCols / 8 && !(T::kDvUneven && 8 * j >= v_cols)) {
+          *reinterpret_cast<uint32_t*>(dv_out + key * args.dv_stride.seq + 8 * j) =
+              pack2<Element>(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+        }
       }
     }
     return;
@@ -96,16 +101,17 @@ __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpg
       continue;
     }
     float* dk_row = args.dk_accum + (base + key) * T::kHeadDim + col0;
-    float* dv_row = args.dv_accum + (base + key) * T::kHeadDim + col0;
+    float* dv_row = args.dv_accum + (base + key) * T::kHeadDimV + v_col0;
 #pragma unroll
-    for (int j = 0; j < T::kDkvCols / 8; ++j) {
-      if (T::kDkvUneven && 8 * j >= cols) {
-        continue;
+    for (int j = 0; j < kGroups; ++j) {
+      if (j < T::kDkvCols / 8 && !(T::kDkvUneven && 8 * j >= cols)) {
+        atomicAdd(reinterpret_cast<float2*>(dk_row + 8 * j),
+                  make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]));
       }
-      atomicAdd(reinterpret_cast<float2*>(dk_row + 8 * j),
-                make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]));
-      atomicAdd(reinterpret_cast<float2*>(dv_row + 8 * j),
-                make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]));
+      if (j < T::kDvCols / 8 && !(T::kDvUneven && 8 * j >= v_cols)) {
+        atomicAdd(reinterpret_cast<float2*>(dv_row + 8 * j),
+                  make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]));
+      }
     }
   }
   if (args.deterministic) {
@@ -205,10 +211,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     }
   } else {
     registers_acquire<T::kConsumerRegisters>();
-    float dk[T::kDkvAccRegs], dv[T::kDkvAccRegs];
+    float dk[T::kDkvAccRegs], dv[T::kDvAccRegs];
 #pragma unroll
     for (int i = 0; i < T::kDkvAccRegs; ++i) {
       dk[i] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < T::kDvAccRegs; ++i) {
       dv[i] = 0.0f;
     }
     mainloop.compute(warpgroup - 1, dk, dv);

@@ -77,9 +77,9 @@ template <class T>
 struct SharedStorage {
   using Element = typename T::Element;
   alignas(kSwizzleAtomBytes) Element k[T::kBlockN * T::kHeadDimPadded];
-  alignas(kSwizzleAtomBytes) Element v[T::kBlockN * T::kHeadDimPadded];
+  alignas(kSwizzleAtomBytes) Element v[T::kBlockN * T::kHeadDimVPadded];
   alignas(kSwizzleAtomBytes) Element q[T::kStages][T::kBlockM * T::kHeadDimPadded];
-  alignas(kSwizzleAtomBytes) Element dout[T::kStages][T::kBlockM * T::kHeadDimPadded];
+  alignas(kSwizzleAtomBytes) Element dout[T::kStages][T::kBlockM * T::kHeadDimVPadded];
   // dS^T (rows: the CTA's keys; columns: the step's queries), two steps deep
   // so that a warpgroup writes step i's while the other may still read step
   // i - 1's in its dQ GEMM.

@@ -47,31 +47,37 @@ struct Mainloop {
 
   // ---------------------------------------------------------------- producer (one thread)
   __device__ void load_all() {
-    smem.kv_full.arrive_expect_tx(2 * T::kKVTileBytes);
+    smem.kv_full.arrive_expect_tx(T::kKTileBytes + T::kVTileBytes);
+    constexpr int kBlocks = T::kColBlocks > T::kColBlocksV ? T::kColBlocks : T::kColBlocksV;
 #pragma unroll
-    for (int b = 0; b < T::kColBlocks; ++b) {
-      tma_load(&args.k, &smem.kv_full.word, smem.k + b * kBlockN * kSwizzleCols,
-               b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
-      tma_load(&args.v, &smem.kv_full.word, smem.v + b * kBlockN * kSwizzleCols,
-               b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
+    for (int b = 0; b < kBlocks; ++b) {
+      if (b < T::kColBlocks) {
+        tma_load(&args.k, &smem.kv_full.word, smem.k + b * kBlockN * kSwizzleCols,
+                 b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
+      }
+      if (b < T::kColBlocksV) {
+        tma_load(&args.v, &smem.kv_full.word, smem.v + b * kBlockN * kSwizzleCols,
+                 b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
+      }
     }
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
       const int64_t rows = blk.q.ws_row0 + m * kBlockM;
       smem.q_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds it free
-      load_rows(&args.q, smem.q_full[pipe.stage], smem.q[pipe.stage],
+      load_rows<T::kColBlocks>(&args.q, smem.q_full[pipe.stage], smem.q[pipe.stage],
                 smem.lse_log2[pipe.stage], args.lse_log2 + rows, m);
       smem.do_empty[pipe.stage].wait(pipe.phase ^ 1u);
-      load_rows(&args.dout, smem.do_full[pipe.stage], smem.dout[pipe.stage],
+      load_rows<T::kColBlocksV>(&args.dout, smem.do_full[pipe.stage], smem.dout[pipe.stage],
                 smem.dpsum[pipe.stage], args.dpsum + rows, m);
     }
   }
-  // A Q or dO tile of query block m and its rows' statistic.
+  // A Q or dO tile (kBlocks column blocks) of query block m and its rows' statistic.
+  template <int kBlocks>
   __device__ void load_rows(const CUtensorMap* map, Mbarrier& full, Element* tile, float* stat,
                             const float* stat_src, int m) {
-    full.arrive_expect_tx(T::kQTileBytes + T::kRowBytes);
+    full.arrive_expect_tx(kBlockM * kBlocks * kSwizzleCols * T::kElementBytes + T::kRowBytes);
 #pragma unroll
-    for (int b = 0; b < T::kColBlocks; ++b) {
+    for (int b = 0; b < kBlocks; ++b) {
       tma_load(map, &full.word, tile + b * kBlockM * kSwizzleCols, b * kSwizzleCols,
                blk.q.row0 + m * kBlockM, blk.head, blk.q.batch);
     }
@@ -127,7 +133,9 @@ struct Mainloop {
 
   // ---------------------------------------------------------------- consumer (one warpgroup)
   // acc (64 keys x kBlockM queries) = A (this warpgroup's 64 rows of K or V)
-  // times B^T (Q or dO): both K-major.
+  // times B^T (Q or dO): both K-major, reducing over kDim (the head dim, or
+  // for V and dO kHeadDimV).
+  template <int kDim>
   __device__ void gemm_transposed_scores(uint32_t a_addr, uint32_t b_addr,
                                          float (&acc)[T::kSAccRegs]) {
     fence_operands(acc);
@@ -135,7 +143,7 @@ struct Mainloop {
     const auto a = desc_k_major<false>(a_addr);
     const auto b = desc_k_major<false>(b_addr);
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / kMmaK16; ++kk) {
+    for (int kk = 0; kk < kDim / kMmaK16; ++kk) {
       const int block = kk / (kSwizzleCols / kMmaK16);
       const int offset = (kk % (kSwizzleCols / kMmaK16)) * kMmaKBytes;
       mma_ss<Element, kBlockM, gmma::Major::K>(a.at(block * kBlockN * kSwizzleRowBytes + offset),
@@ -146,24 +154,24 @@ struct Mainloop {
     fence_operands(acc);
   }
 
-  // acc (64 keys x this warpgroup's kDkvCols columns) += A (registers: P^T
-  // or dS^T, 64 keys x kBlockM) times B (dO or Q: rows are queries, the
-  // reduction; MN-major).
-  __device__ void gemm_accumulate_kv(const uint32_t (&a)[T::kPRegs], uint32_t b_addr,
-                                     int warpgroup, float (&acc)[T::kDkvAccRegs]) {
+  // acc (64 keys x kCols columns from col0, a multiple of kSwizzleCols: dV's
+  // or dK's) += A (registers: P^T or dS^T, 64 keys x kBlockM) times B (dO or
+  // Q: rows are queries, the reduction; MN-major).
+  template <int kCols, int kAccRegs>
+  __device__ void gemm_accumulate_kv(const uint32_t (&a)[T::kPRegs], uint32_t b_addr, int col0,
+                                     float (&acc)[kAccRegs]) {
     fence_operands(acc);
     mma_fence();
-    const int col0 = T::dkv_col_offset(warpgroup);  // a multiple of kSwizzleCols
     const auto b = desc_mn_major<false>(
         b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
     // Head dim 96: the first column block, then the second block's 32.
-    constexpr int kWhole = T::kDkvCols / kSwizzleCols * kSwizzleCols;
-    constexpr int kPart = T::kDkvCols - kWhole;
+    constexpr int kWhole = kCols / kSwizzleCols * kSwizzleCols;
+    constexpr int kPart = kCols - kWhole;
 #pragma unroll
     for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
       const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
       if constexpr (kPart == 0) {
-        mma_rs<Element, T::kDkvCols, gmma::Major::MN>(&a[4 * kk], b.at(step), acc);
+        mma_rs<Element, kCols, gmma::Major::MN>(&a[4 * kk], b.at(step), acc);
       } else {
         mma_rs_cols<Element, kWhole, gmma::Major::MN, 0>(&a[4 * kk], b.at(step), acc);
         mma_rs_cols<Element, kPart, gmma::Major::MN, kWhole / 2>(
@@ -175,27 +183,27 @@ struct Mainloop {
 
   // The same with A read from a P^T or dS^T tile (K-major: its rows are the
   // 64 keys, the reduction runs along them), kBlockM being one column block.
-  __device__ void gemm_accumulate_kv_from_tile(uint32_t a_addr, uint32_t b_addr, int warpgroup,
-                                               float (&acc)[T::kDkvAccRegs]) {
+  template <int kCols, int kAccRegs>
+  __device__ void gemm_accumulate_kv_from_tile(uint32_t a_addr, uint32_t b_addr, int col0,
+                                               float (&acc)[kAccRegs]) {
     static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
     fence_operands(acc);
     mma_fence();
-    const int col0 = T::dkv_col_offset(warpgroup);
     const auto a = desc_k_major<false>(a_addr);
     const auto b = desc_mn_major<false>(
         b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
-      mma_ss<Element, T::kDkvCols, gmma::Major::MN, T::kDkvAccRegs, gmma::Major::K>(
+      mma_ss<Element, kCols, gmma::Major::MN, kAccRegs, gmma::Major::K>(
           a.at(kk * kMmaKBytes), b.at(kk * kMmaK16 * kSwizzleRowBytes), acc, true);
     }
     fence_operands(acc);
   }
   // T::kDkvUneven: kCols columns from col0 (a warpgroup's part:
-  // T::dkv_cols), into acc's first registers.
-  template <int kCols>
+  // T::dkv_cols, T::dv_cols), into acc's first registers.
+  template <int kCols, int kAccRegs>
   __device__ void gemm_accumulate_kv_from_tile_cols(uint32_t a_addr, uint32_t b_addr, int col0,
-                                                    float (&acc)[T::kDkvAccRegs]) {
+                                                    float (&acc)[kAccRegs]) {
     static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
     fence_operands(acc);
     mma_fence();
@@ -235,16 +243,15 @@ struct Mainloop {
   }
 
   // T::kDkvUneven: compute_split's GEMMs of a step for warpgroup kW, of its
-  // own numbers of dK/dV and dQ columns (T::dkv_cols, T::dq_cols).
+  // own numbers of dK, dV and dQ columns (T::dkv_cols, T::dv_cols, T::dq_cols).
   template <int kW>
   __device__ void split_gemms(int stage, const Element* p_tile, const Element* ds_tile,
-                              float (&dk)[T::kDkvAccRegs], float (&dv)[T::kDkvAccRegs],
+                              float (&dk)[T::kDkvAccRegs], float (&dv)[T::kDvAccRegs],
                               float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
-    constexpr int kDkvCols = T::dkv_cols(kW), col0 = T::dkv_col_offset(kW);
-    gemm_accumulate_kv_from_tile_cols<kDkvCols>(smem_u32(p_tile), smem_u32(smem.dout[stage]),
-                                                col0, dv);
-    gemm_accumulate_kv_from_tile_cols<kDkvCols>(smem_u32(ds_tile), smem_u32(smem.q[stage]),
-                                                col0, dk);
+    gemm_accumulate_kv_from_tile_cols<T::dv_cols(kW)>(
+        smem_u32(p_tile), smem_u32(smem.dout[stage]), T::dv_col_offset(kW), dv);
+    gemm_accumulate_kv_from_tile_cols<T::dkv_cols(kW)>(
+        smem_u32(ds_tile), smem_u32(smem.q[stage]), T::dkv_col_offset(kW), dk);
     mma_commit();
     gemm_dq_cols<T::dq_cols(kW)>(smem_u32(ds_tile), T::dq_col_offset(kW), dq);
   }
@@ -443,7 +450,7 @@ struct Mainloop {
   // Every query block of the CTA's key block; dk and dv accumulate (dK
   // without the softmax scale).
   __device__ void compute(int warpgroup, float (&dk)[T::kDkvAccRegs],
-                          float (&dv)[T::kDkvAccRegs]) {
+                          float (&dv)[T::kDvAccRegs]) {
     if constexpr (T::kDimSplit) {
       compute_split(warpgroup, dk, dv);
       return;
@@ -458,9 +465,9 @@ struct Mainloop {
       const int stage = pipe.stage;
       float s[T::kSAccRegs], dp[T::kSAccRegs];
       smem.q_full[stage].wait(pipe.phase);
-      gemm_transposed_scores(k_addr, smem_u32(smem.q[stage]), s);
+      gemm_transposed_scores<kHeadDim>(k_addr, smem_u32(smem.q[stage]), s);
       smem.do_full[stage].wait(pipe.phase);
-      gemm_transposed_scores(v_addr, smem_u32(smem.dout[stage]), dp);
+      gemm_transposed_scores<T::kHeadDimV>(v_addr, smem_u32(smem.dout[stage]), dp);
 
       mma_wait<1>();  // S^T
       fence_operands(s);
@@ -477,8 +484,10 @@ struct Mainloop {
         p16[i] = pack2<Element>(s[2 * i], s[2 * i + 1]);
         ds16[i] = pack2<Element>(dp[2 * i], dp[2 * i + 1]);
       }
-      gemm_accumulate_kv(p16, smem_u32(smem.dout[stage]), warpgroup, dv);
-      gemm_accumulate_kv(ds16, smem_u32(smem.q[stage]), warpgroup, dk);
+      gemm_accumulate_kv<T::kDvCols>(p16, smem_u32(smem.dout[stage]), T::dv_col_offset(warpgroup),
+                                     dv);
+      gemm_accumulate_kv<T::kDkvCols>(ds16, smem_u32(smem.q[stage]), T::dkv_col_offset(warpgroup),
+                                      dk);
       mma_commit();
 
       Element* ds_tile = smem.ds[(m - m_begin) & 1];
@@ -508,7 +517,7 @@ struct Mainloop {
   // Softcap: warpgroup 0 also hands over P^T (1 - t^2), in the dS^T tile
   // (each warp reads its own 16 rows of it back before writing dS^T there).
   __device__ void compute_split(int warpgroup, float (&dk)[T::kDkvAccRegs],
-                                float (&dv)[T::kDkvAccRegs]) {
+                                float (&dv)[T::kDvAccRegs]) {
     const FragmentCoord c = FragmentCoord::current();
     const int key_row0 = c.warp * 16 + c.row;
     smem.kv_full.wait(0);
@@ -522,7 +531,7 @@ struct Mainloop {
       smem.q_full[stage].wait(pipe.phase);
       smem.do_full[stage].wait(pipe.phase);
       if (warpgroup == 0) {
-        gemm_transposed_scores(smem_u32(smem.k), smem_u32(smem.q[stage]), acc);
+        gemm_transposed_scores<kHeadDim>(smem_u32(smem.k), smem_u32(smem.q[stage]), acc);
         mma_wait<0>();
         fence_operands(acc);
         probabilities(acc, stage, m, key_row0, c.col);
@@ -542,7 +551,7 @@ struct Mainloop {
         fence_view_async_shared();
         named_barrier_arrive(NamedBarrier::kBwdPReady, T::kConsumerThreads);
       } else {
-        gemm_transposed_scores(smem_u32(smem.v), smem_u32(smem.dout[stage]), acc);
+        gemm_transposed_scores<T::kHeadDimV>(smem_u32(smem.v), smem_u32(smem.dout[stage]), acc);
         mma_wait<0>();
         fence_operands(acc);
         named_barrier_sync(NamedBarrier::kBwdPReady, T::kConsumerThreads);
@@ -571,8 +580,10 @@ struct Mainloop {
           split_gemms<1>(stage, p_tile, ds_tile, dk, dv, dq);
         }
       } else {
-        gemm_accumulate_kv_from_tile(smem_u32(p_tile), smem_u32(smem.dout[stage]), warpgroup, dv);
-        gemm_accumulate_kv_from_tile(smem_u32(ds_tile), smem_u32(smem.q[stage]), warpgroup, dk);
+        gemm_accumulate_kv_from_tile<T::kDvCols>(smem_u32(p_tile), smem_u32(smem.dout[stage]),
+                                                 T::dv_col_offset(warpgroup), dv);
+        gemm_accumulate_kv_from_tile<T::kDkvCols>(smem_u32(ds_tile), smem_u32(smem.q[stage]),
+                                                  T::dkv_col_offset(warpgroup), dk);
         mma_commit();
         gemm_dq(smem_u32(ds_tile), warpgroup, dq);
       }

@@ -109,6 +109,7 @@ template <class T>
 __global__ void __launch_bounds__(kPostpassThreads)
     dkv_postpass_kernel(const DkvPostpassArgs args) {
   using Element = typename T::Element;
+  static_assert(T::kHeadDimV == T::kHeadDim, "dK and dV rows of one length (dv == d)");
   constexpr int kQuadsPerRow = T::kHeadDim / 4;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x;
        i < args.quads; i += static_cast<int64_t>(gridDim.x) * kPostpassThreads) {

@@ -37,11 +37,12 @@ inline constexpr int kPrepassThreads = 256;
 template <class T>
 __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassArgs args) {
   using Element = typename T::Element;
-  // A row's lanes read 16 bytes each, a power of two of lanes (their sum is
-  // a butterfly over them): head dim 96's 12 pieces take 16 lanes, 4 idle.
-  constexpr int kPieces = T::kHeadDim / 8;
+  // A row's lanes read 16 bytes each of out and dO (head dim kHeadDimV), a
+  // power of two of lanes (their sum is a butterfly over them): head dim
+  // 96's 12 pieces take 16 lanes, 4 idle.
+  constexpr int kPieces = T::kHeadDimV / 8;
   constexpr int kThreadsPerRow = kPieces <= 8 ? 8 : kPieces <= 16 ? 16 : 32;
-  static_assert(kPieces * 8 == T::kHeadDim && kPieces <= 32, "16-byte pieces of a row");
+  static_assert(kPieces * 8 == T::kHeadDimV && kPieces <= 32, "16-byte pieces of a row");
   constexpr int kRowsPerPass = kPrepassThreads / kThreadsPerRow;
   const int head = static_cast<int>(blockIdx.y);
   const QueryRows q = query_rows(args.varlen, static_cast<int>(blockIdx.z), head, args.heads_q,

@@ -53,11 +53,14 @@ struct TileConfig<256> {
   static constexpr int kBlockM = 64, kBlockN = 64, kStages = 1;
 };
 
-template <DType kDType, int kHeadDim_>
+// kHeadDimV_: v's, dO's and out's head dim, and so dV's (FlashAttention-3's
+// dv); q's, k's, dQ's and dK's is kHeadDim_.
+template <DType kDType, int kHeadDim_, int kHeadDimV_ = kHeadDim_>
 struct Traits {
   using Config = TileConfig<kHeadDim_>;
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kHeadDimV = kHeadDimV_;
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kStages = Config::kStages;
@@ -90,8 +93,11 @@ struct Traits {
   // blocks and then its last part, each from a block's start (mma_*_cols).
   static constexpr int kHeadDimPadded = (kHeadDim + kSwizzleCols - 1) / kSwizzleCols * kSwizzleCols;
   static constexpr int kColBlocks = kHeadDimPadded / kSwizzleCols;
-  static constexpr int kQTileBytes = kBlockM * kHeadDimPadded * kElementBytes;
-  static constexpr int kKVTileBytes = kBlockN * kHeadDimPadded * kElementBytes;
+  static constexpr int kHeadDimVPadded =
+      (kHeadDimV + kSwizzleCols - 1) / kSwizzleCols * kSwizzleCols;
+  static constexpr int kColBlocksV = kHeadDimVPadded / kSwizzleCols;  // v's, dO's
+  static constexpr int kKTileBytes = kBlockN * kHeadDimPadded * kElementBytes;
+  static constexpr int kVTileBytes = kBlockN * kHeadDimVPadded * kElementBytes;
   static constexpr int kRowBytes = kBlockM * static_cast<int>(sizeof(float));  // LSE or dpsum
 
   // Per consumer thread: S^T, dP^T (64 keys x kBlockM), their 16-bit forms
@@ -112,6 +118,16 @@ struct Traits {
   static constexpr int dkv_cols(int warpgroup) { return warpgroup == 0 ? kDkvCols0 : kDkvCols1; }
   static constexpr int dkv_col_offset(int warpgroup) {
     return kDkvUneven ? (warpgroup == 1 ? kDkvCols0 : 0) : kDimSplit ? warpgroup * kDkvCols : 0;
+  }
+  // dV's columns, split as dK's are but over kHeadDimV's column blocks.
+  static constexpr bool kDvUneven = kDimSplit && kColBlocksV % 2 == 1;
+  static constexpr int kDvCols0 = kDimSplit ? (kColBlocksV + 1) / 2 * kSwizzleCols : kHeadDimV;
+  static constexpr int kDvCols1 = kDimSplit ? kColBlocksV / 2 * kSwizzleCols : kHeadDimV;
+  static constexpr int kDvCols = kDvCols0;
+  static constexpr int kDvAccRegs = kDvCols / 2;
+  static constexpr int dv_cols(int warpgroup) { return warpgroup == 0 ? kDvCols0 : kDvCols1; }
+  static constexpr int dv_col_offset(int warpgroup) {
+    return kDvUneven ? (warpgroup == 1 ? kDvCols0 : 0) : kDimSplit ? warpgroup * kDvCols : 0;
   }
   // dQ (kBlockM x headdim) of a step: each consumer warpgroup computes
   // kDqCols columns of every 64-row group of it; or (kDqKeySplit: the
@@ -145,7 +161,8 @@ struct Traits {
   // range that starts inside a block and runs into the next has no
   // descriptor. Head dim 192 split in two 96-column halves would be one
   // (design.md: its backward).
-  static_assert(!kDimSplit || (kDkvCols0 % kSwizzleCols == 0 && kDkvCols1 % kSwizzleCols == 0),
+  static_assert(!kDimSplit || (kDkvCols0 % kSwizzleCols == 0 && kDkvCols1 % kSwizzleCols == 0 &&
+                                kDvCols0 % kSwizzleCols == 0 && kDvCols1 % kSwizzleCols == 0),
                 "a warpgroup's dK/dV columns start a swizzle block");
   static_assert(kDqKeySplit || kDkvUneven || kDqCols % kSwizzleCols == 0 ||
                     kSwizzleCols % kDqCols == 0,
