@@ -53,10 +53,7 @@ void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<
 void check_sizes(const Shape& s, const std::vector<float>& q, const std::vector<float>& k,
                  const std::vector<float>& v, const std::vector<float>& dout) {
   check_sizes(s, q, k, v);
-  if (s.dv() != s.headdim) {
-    throw std::invalid_argument("flash3::ref: the backward takes v of q's head dim");
-  }
-  if (dout.size() != s.q_size()) {
+  if (dout.size() != s.out_size()) {
     throw std::invalid_argument("flash3::ref: dout does not match the shape");
   }
 }
@@ -225,9 +222,9 @@ RowSoftmax<Acc> attend_row(const Problem& p, int b, int h, int i, Acc scale, con
 template <class Grads, class Acc, class Round>
 Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, const Round& round) {
   const Shape& s = p.shape;
-  const int d = s.headdim;
+  const int d = s.headdim, dv_dim = s.dv();  // q, k, dq, dk; v, out, dout, dv
   Grads g{std::vector<Acc>(s.q_size()), std::vector<Acc>(s.kv_size()),
-          std::vector<Acc>(s.kv_size())};
+          std::vector<Acc>(s.v_size())};
   std::vector<RowSoftmax<Acc>> softmax(s.lse_size());
   std::vector<Acc> delta(s.lse_size());
   const auto row = [&s](int b, int h, int i) {
@@ -239,8 +236,8 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
     const RowSoftmax<Acc>& sm = softmax[row(b, h, i)];
     const Score<Acc> sc = score(p, b, h, i, j, scale, round);
     const Acc prob = round(std::exp(sc.value - sm.max) / sm.sum);
-    const float* v_row = p.v + p.kv_offset(b, j, p.kv_head(h));
-    const Acc dp = round(dot<Acc>(&dout[p.q_offset(b, i, h)], v_row, d));
+    const float* v_row = p.v + p.v_offset(b, j, p.kv_head(h));
+    const Acc dp = round(dot<Acc>(&dout[p.out_offset(b, i, h)], v_row, dv_dim));
     Acc ds = scale * prob * (dp - delta[row(b, h, i)]);
     if (p.variant.softcap > 0) {
       ds *= 1 - sc.tanh * sc.tanh;
@@ -250,11 +247,11 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
   // Each row's share of its head's dsinks: -P_sink D (sinks only).
   std::vector<Acc> sink_share(p.has_sinks() ? s.lse_size() : 0);
   for_each_row(s.batch, s.heads_q, s.seqlen_q, [&](int b, int h, int i) {
-    std::vector<Acc> out(d);
+    std::vector<Acc> out(dv_dim);
     softmax[row(b, h, i)] = attend_row<Acc>(p, b, h, i, scale, round, out.data());
-    const float* dout_row = &dout[p.q_offset(b, i, h)];
+    const float* dout_row = &dout[p.out_offset(b, i, h)];
     Acc& row_delta = delta[row(b, h, i)];
-    for (int x = 0; x < d; ++x) {
+    for (int x = 0; x < dv_dim; ++x) {
       row_delta += static_cast<Acc>(dout_row[x]) * out[x];
     }
     if (p.has_sinks()) {
@@ -278,7 +275,7 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
   const int group = s.heads_q / s.heads_k;
   for_each_row(s.batch, s.heads_k, s.seqlen_k, [&](int b, int kv, int j) {
     Acc* dk = &g.dk[p.kv_offset(b, j, kv)];
-    Acc* dv = &g.dv[p.kv_offset(b, j, kv)];
+    Acc* dv = &g.dv[p.v_offset(b, j, kv)];
     for (int h = kv * group; h < (kv + 1) * group; ++h) {
       for (int i = 0; i < s.seqlen_q; ++i) {
         const KeyRange keys = p.keys(i);
@@ -287,15 +284,19 @@ Grads backward(const Problem& p, const std::vector<float>& dout, Acc scale, cons
         }
         const auto [prob, ds] = p_and_ds(b, h, i, j);
         const float* q_row = p.q + p.q_offset(b, i, h);
-        const float* dout_row = &dout[p.q_offset(b, i, h)];
-        for (int x = 0; x < d; ++x) {
+        const float* dout_row = &dout[p.out_offset(b, i, h)];
+        for (int x = 0; x < dv_dim; ++x) {
           dv[x] += prob * static_cast<Acc>(dout_row[x]);
+        }
+        for (int x = 0; x < d; ++x) {
           dk[x] += ds * static_cast<Acc>(q_row[x]);
         }
       }
     }
     for (int x = 0; x < d; ++x) {
       dk[x] = round(dk[x]);
+    }
+    for (int x = 0; x < dv_dim; ++x) {
       dv[x] = round(dv[x]);
     }
   });

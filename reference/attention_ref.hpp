@@ -25,7 +25,7 @@ struct Shape {
   int heads_q = 1;
   int heads_k = 1;
   int headdim = 1;
-  int headdim_v = 0;  // of v and out, 0: headdim (the forward only; the backward takes 0)
+  int headdim_v = 0;  // of v, out, dout and dv; 0: headdim
 
   int dv() const { return headdim_v > 0 ? headdim_v : headdim; }
   size_t q_size() const;    // elements of q (and of out, dout with dv() == headdim)

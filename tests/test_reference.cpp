@@ -47,7 +47,7 @@ struct Inputs {
 
 Inputs random_inputs(const Shape& s, unsigned seed) {
   return {random_values(s.q_size(), seed), random_values(s.kv_size(), seed + 1),
-          random_values(s.kv_size(), seed + 2)};
+          random_values(s.v_size(), seed + 2)};
 }
 
 Reference run(const Shape& s, const Inputs& in, double scale, bool causal) {
@@ -236,8 +236,15 @@ TEST(Reference, ValueHeadDimOfItsOwn) {
     EXPECT_EQ(attention_forward_plain(HalfType::kBFloat16, s, in.q, in.k, in.v, 0.5f, causal).size(),
               s.out_size());
   }
-  const std::vector<float> dout(s.out_size());
-  EXPECT_THROW(attention_backward(s, in.q, in.k, in.v, dout, 0.5, false), std::invalid_argument);
+  // The backward's dout is shaped like out; one of q's shape is refused.
+  const std::vector<float> dout_like_q(s.q_size());
+  EXPECT_THROW(attention_backward(s, in.q, in.k, in.v, dout_like_q, 0.5, false),
+               std::invalid_argument);
+  const Gradients g =
+      attention_backward(s, in.q, in.k, in.v, std::vector<float>(s.out_size()), 0.5, false);
+  EXPECT_EQ(g.dq.size(), s.q_size());
+  EXPECT_EQ(g.dk.size(), s.kv_size());
+  EXPECT_EQ(g.dv.size(), s.v_size());
 }
 
 // The plain emulation's error: nonzero, small, larger for bf16 than for fp16,
@@ -310,7 +317,7 @@ void expect_finite_differences(std::initializer_list<GradientOf> tensors,
 void expect_gradients_match_finite_differences(const Shape& s, double scale, bool causal,
                                                Variant variant, unsigned& seed) {
   Inputs in = random_inputs(s, seed);
-  const std::vector<float> dout = random_values(s.q_size(), seed + 3);
+  const std::vector<float> dout = random_values(s.out_size(), seed + 3);
   seed += 10;
   const Gradients g = attention_backward(s, in.q, in.k, in.v, dout, scale, causal, variant);
   ASSERT_EQ(g.dsinks.size(), variant.sinks.size());
@@ -336,6 +343,8 @@ TEST(ReferenceBackward, MatchesFiniteDifferences) {
       {"mqa", {1, 4, 5, 3, 1, 4}, false, 0.5},
       {"batch 2", {2, 3, 4, 2, 1, 4}, true, 0.5},
       {"scale 1.3", {1, 4, 5, 2, 1, 4}, false, 1.3},
+      {"v wider than q", {1, 4, 5, 2, 2, 4, 6}, false, 0.5},
+      {"v narrower than q, gqa, causal", {2, 4, 5, 4, 2, 6, 2}, true, 0.5},
   };
   unsigned seed = 61;
   for (const Case& c : cases) {
