@@ -35,7 +35,7 @@ std::string BackwardCase::name() const {
 std::vector<float> random_dout(const BackwardCase& c) {
   std::mt19937_64 rng(std::hash<std::string>{}(c.name() + "_dout"));
   std::normal_distribution<float> normal;
-  std::vector<float> x(c.forward.shape.q_size());
+  std::vector<float> x(c.forward.shape.out_size());
   for (float& value : x) {
     value = ref::round_to(half_type(c.forward.dtype), normal(rng));
   }

@@ -44,7 +44,7 @@ class BackwardProblem {
   DeviceBuffer dout_, grads_;
 };
 
-// N(0, 1) dout of the case's dtype, seeded by the case's name.
+// N(0, 1) dout (out's shape) of the case's dtype, seeded by the case's name.
 std::vector<float> random_dout(const BackwardCase& c);
 
 // Runs the case and checks dq, dk, dv against the reference; skips when its

@@ -105,6 +105,33 @@ TEST_P(BackwardSweep, SlidingWindows) {
   }
 }
 
+// v, out, dout and dv of head dim 128 beside q and k of 192 (DeepSeek's
+// (192, 128), FlashAttention-3's dv != d): unequal lengths, GQA and MQA,
+// causal or not, both dtypes; then deterministic.
+class BackwardValueHeadDim : public HopperTest {};
+
+TEST_F(BackwardValueHeadDim, V128Beside192) {
+  const std::vector<Dims> dims = {{2, 300, 411, 4, 2}, {1, 1000, 1000, 2, 2}, {3, 129, 64, 8, 1},
+                                  {1, 1, 3, 2, 2}};
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (const Dims& d : dims) {
+      for (bool causal : {false, true}) {
+        BackwardCase c = make_case(dtype, 192, d, causal);
+        c.forward.shape.headdim_v = 128;
+        SCOPED_TRACE(c.name());
+        expect_gradients_match_reference(c);
+        if (HasFatalFailure() || IsSkipped()) {
+          return;
+        }
+      }
+    }
+  }
+  BackwardCase c = make_case(DType::kBFloat16, 192, {2, 777, 777, 8, 2}, true);
+  c.forward.shape.headdim_v = 128;
+  c.deterministic = true;
+  expect_gradients_match_reference(c);
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardSweep,
                          ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
                                             ::testing::Values(64, 96, 128, 192, 256)),
@@ -153,6 +180,12 @@ INSTANTIATE_TEST_SUITE_P(Kernels, BackwardDeterminism,
                          ::testing::Combine(::testing::Values(64, 96, 128, 192, 256), ::testing::Bool()));
 
 class SanitizeBackward : public HopperTest {};
+
+TEST_F(SanitizeBackward, Bf16D192V128GqaCausal) {
+  BackwardCase c = make_case(DType::kBFloat16, 192, {2, 200, 333, 4, 2}, true);
+  c.forward.shape.headdim_v = 128;
+  expect_gradients_match_reference(c);
+}
 
 TEST_F(SanitizeBackward, Bf16D128Seqlen113Causal) {
   expect_gradients_match_reference(make_case(DType::kBFloat16, 128, {1, 113, 113, 2, 2}, true));

@@ -138,6 +138,17 @@ void set_headdim_all(P& p, int64_t headdim) {
   set_k_side(p, P::kBatch, P::kSeqlenK, P::kHeadsK, headdim);
 }
 
+// DeepSeek's (192, 128): q, k, dq, dk of head dim 192; v, out, dout, dv of 128.
+void set_v128_beside_q192(P& p) {
+  set_headdim_all(p, 192);
+  for (Tensor* t : {&p.v, &p.dv}) {
+    set_dims(*t, P::kBatch, P::kSeqlenK, P::kHeadsK, 128);
+  }
+  for (Tensor* t : {&p.out, &p.dout}) {
+    set_dims(*t, P::kBatch, P::kSeqlenQ, P::kHeadsQ, 128);
+  }
+}
+
 // Every tensor (and softmax_lse) at an address far from the others, so that
 // huge shapes stay apart; no workspace.
 void spread_far_apart(P& p) {
@@ -250,7 +261,21 @@ const InvalidBackwardCase kCases[] = {
     {"VBatchMismatch", [](P& p) { set_dims(p.v, 1, 16, 2, 64); }, Code::kInvalidArgument,
      "v.shape[0] (batch) = 1 differs from q's 2"},
     {"VHeadDimOfItsOwn", [](P& p) { set_dims(p.v, 2, 16, 2, 128); }, Code::kUnsupported,
-     "v.shape[3] (headdim) = 128 differs from q's 64: the backward takes v of q's head dim only"},
+     "v.shape[3] (headdim) = 128 differs from q's 64; v's head dim beside q's 64 must be one of 64"},
+    // v of head dim 128 beside q's 192 (dv != d): out and dout take v's head dim, dv v's shape.
+    {"DoutOfQsHeadDimBesideV128",
+     [](P& p) {
+       set_v128_beside_q192(p);
+       set_dims(p.dout, 2, 8, 4, 192);
+     },
+     Code::kInvalidArgument,
+     "dout.shape (2, 8, 4, 192) differs from (q's rows, v's head dim).shape (2, 8, 4, 128)"},
+    {"DvOfKsHeadDimBesideV128",
+     [](P& p) {
+       set_v128_beside_q192(p);
+       set_dims(p.dv, 2, 16, 2, 192);
+     },
+     Code::kInvalidArgument, "dv.shape (2, 16, 2, 192) differs from v.shape (2, 16, 2, 128)"},
     {"HeadsNotAMultiple", [](P& p) { set_q_side(p, 2, 8, 3, 64); }, Code::kInvalidArgument,
      "q.shape[2] (heads_q) = 3 is not a multiple of k.shape[2] (heads_k) = 2"},
     {"KvSeqlenMismatch", [](P& p) { set_dims(p.v, 2, 15, 2, 64); }, Code::kInvalidArgument,
@@ -429,6 +454,7 @@ INSTANTIATE_TEST_SUITE_P(
         [](P& p) { p.options.softmax_scale = 0.125f; },
         [](P& p) { set_headdim_all(p, 128); },
         [](P& p) { set_headdim_all(p, 256); },
+        [](P& p) { set_v128_beside_q192(p); },  // dv != d
         [](P& p) { set_k_side(p, P::kBatch, P::kSeqlenK, P::kHeadsQ, P::kHeadDim); },  // MHA
         [](P& p) { set_k_side(p, P::kBatch, P::kSeqlenK, 1, P::kHeadDim); },           // MQA
         [](P& p) { set_k_side(p, P::kBatch, 3, P::kHeadsK, P::kHeadDim); },  // seqlen_k < q

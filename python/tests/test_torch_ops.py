@@ -81,8 +81,8 @@ def test_fake_implementations_give_out_v_head_dim():
 @requires_hopper
 @pytest.mark.parametrize("causal", [False, True])
 def test_v_head_dim_128_beside_192_matches_a_float32_attention(causal):
-    # DeepSeek's (192, 128): dense, varlen and KV cache; the backward refuses it by name,
-    # and so does the forward for a pair it has no kernel for.
+    # DeepSeek's (192, 128): dense (forward and backward), varlen and KV cache; a pair
+    # without kernels is refused by name.
     q, k, _ = qkv(seqlen_q=300, seqlen_k=411, headdim=192)
     v = torch.randn(2, 411, 2, 128, device="cuda", dtype=torch.bfloat16)
     out, lse = fai.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
@@ -97,9 +97,11 @@ def test_v_head_dim_128_beside_192_matches_a_float32_attention(causal):
     torch.testing.assert_close(packed.view_as(out).float(), want, atol=2e-2, rtol=2e-2)
     cached = fai.flash_attn_with_kvcache(q, k, v, cache_seqlens=411, causal=causal)
     torch.testing.assert_close(cached.float(), want, atol=2e-2, rtol=2e-2)
-    q.requires_grad_()
-    with pytest.raises(NotImplementedError, match="flash3"):
-        fai.flash_attn_func(q, k, v, causal=causal).sum().backward()
+    for x in (q, k, v):
+        x.requires_grad_()
+    out, lse = fai.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    want, want_lse = _attention_in_a_window(q, k, v, causal, (-1, -1))
+    _expect_matches_float32(out, lse, want, want_lse, (q, k, v))
     with pytest.raises(NotImplementedError, match=r"v's head dim beside q's 128 must be one of 128"):
         fai.flash_attn_func(*qkv(headdim=128)[:2], torch.randn(2, 333, 2, 64, device="cuda", dtype=torch.bfloat16))
 

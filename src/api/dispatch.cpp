@@ -101,11 +101,16 @@ Status dispatch(const ForwardParams& p, cudaStream_t stream) {
 Status dispatch(const BackwardParams& p, cudaStream_t stream) {
   return visit_dtype(kBackwardCall, p.dtype, [&](auto dtype) {
     return visit_headdim<BackwardHeadDims>(kBackwardCall, p.headdim, [&](auto headdim) {
-      constexpr DType kDType = decltype(dtype)::value;
       constexpr int kHeadDim = decltype(headdim)::value;
-      return launch_if_built<kBwdKernelBuilt<kDType, kHeadDim>, kDType, kHeadDim>(
-          kBackwardCall, "backward ",
-          [&] { return launch_backward_sm90<kDType, kHeadDim>(p, stream); });
+      return visit_headdim<BackwardValueDims<kHeadDim>>(kBackwardCall, p.headdim_v, [&](auto dv) {
+        constexpr DType kDType = decltype(dtype)::value;
+        constexpr int kHeadDimV = decltype(dv)::value;
+        const auto launch = [&] {
+          return launch_backward_sm90<kDType, kHeadDim, kHeadDimV>(p, stream);
+        };
+        return launch_if_built<kBwdKernelBuilt<kDType, kHeadDim, kHeadDimV>, kDType, kHeadDim,
+                               decltype(launch), kHeadDimV>(kBackwardCall, "backward ", launch);
+      });
     });
   });
 }

@@ -141,10 +141,12 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (Status s = check_headdim_first(q, HeadDimsOf::kBackward); !s.ok()) {
     return s;
   }
-  if (v.shape[3] > 0 && v.shape[3] != q.shape[3]) {  // the forward's dv != d
-    return unsupported("v.shape[3] (headdim) = ", v.shape[3], " differs from q's ", q.shape[3],
-                       ": the backward takes v of q's head dim only");
+  // v (and out, dout, dv) of q's head dim or one paired with it (dv != d:
+  // sm90/head_dims.hpp, BackwardValueDims, the forward's pairs).
+  if (Status s = check_value_headdim_first(q, v); !s.ok()) {
+    return s;
   }
+  const bool own_dv = v.shape[3] != q.shape[3];
   for (const auto& [name, t] : tensors) {
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
       return s;
@@ -170,8 +172,12 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (Status s = check_q_and_k(q, k); !s.ok()) {  // k's batch and head dim among them
     return s;
   }
-  if (Status s = check_batch_and_headdim_match_q("v", v, q); !s.ok()) {
-    return s;
+  if (!own_dv) {
+    if (Status s = check_batch_and_headdim_match_q("v", v, q); !s.ok()) {
+      return s;
+    }
+  } else if (v.shape[0] != q.shape[0]) {
+    return invalid("v.shape[0] (batch) = ", v.shape[0], " differs from q's ", q.shape[0]);
   }
   if (v.shape[1] != k.shape[1]) {
     return invalid("v.shape[1] (seqlen) = ", v.shape[1], " differs from k's ", k.shape[1]);
@@ -179,16 +185,20 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (v.shape[2] != k.shape[2]) {
     return invalid("v.shape[2] (heads) = ", v.shape[2], " differs from k's ", k.shape[2]);
   }
+  // out and dout: q's rows of v's head dim.
+  Tensor q_rows_of_v = q;
+  q_rows_of_v.shape[3] = v.shape[3];
+  const char* q_rows_of_v_name = own_dv ? "(q's rows, v's head dim)" : "q";
   const struct {
     const char* name;
     const Tensor& t;
     const char* like_name;
     const Tensor& like;
-  } shapes[] = {{"out", out, "q", q},
-                {"dout", dout, "q", q},
+  } shapes[] = {{"out", out, q_rows_of_v_name, q_rows_of_v},
+                {"dout", dout, q_rows_of_v_name, q_rows_of_v},
                 {"dq", dq, "q", q},
                 {"dk", dk, "k", k},
-                {"dv", dv, "k", k}};
+                {"dv", dv, own_dv ? "v" : "k", own_dv ? v : k}};
   for (const auto& [name, t, like_name, like] : shapes) {
     if (Status s = check_same_shape(name, t, like_name, like); !s.ok()) {
       return s;
@@ -337,6 +347,7 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   p.heads_q = static_cast<int>(q.shape[2]);
   p.heads_k = static_cast<int>(k.shape[2]);
   p.headdim = static_cast<int>(q.shape[3]);
+  p.headdim_v = static_cast<int>(v.shape[3]);
   p.dout_stride = strides_of(dout);
   p.q_stride = strides_of(q);
   p.k_stride = strides_of(k);

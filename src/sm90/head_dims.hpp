@@ -18,7 +18,8 @@ using HeadDims = std::integer_sequence<int, 64, 128, 256>;
 using Fp8HeadDims = std::integer_sequence<int, 64, 128, 256>;
 // V's (and out's) head dims of the 16-bit forward per head dim of q and k:
 // the same, and 128 beside 192 (DeepSeek's (192, 128), FlashAttention-3's
-// dv != d). The other calls take v of q's head dim.
+// dv != d), in the forward and the backward. The other calls take v of q's
+// head dim.
 template <int kHeadDim>
 struct ForwardValueDimsOf {
   using type = std::integer_sequence<int, kHeadDim>;
@@ -29,6 +30,9 @@ struct ForwardValueDimsOf<192> {
 };
 template <int kHeadDim>
 using ForwardValueDims = typename ForwardValueDimsOf<kHeadDim>::type;
+// The backward's: the same pairs.
+template <int kHeadDim>
+using BackwardValueDims = ForwardValueDims<kHeadDim>;
 
 template <int... kDims>
 constexpr bool contains(std::integer_sequence<int, kDims...>, long long d) {

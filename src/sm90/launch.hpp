@@ -37,10 +37,10 @@ Status launch_combine_sm90(const CombineParams& params, cudaStream_t stream);
 // embedding on them and on q; every 16-bit dtype and head dim.
 Status launch_kv_append_sm90(const KvAppendParams& params, cudaStream_t stream);
 
-// Backward: one explicit instantiation per (dtype, head dim), generated like
-// the forward's (FLASH3_KERNELS names them bwd_bf16_128, ...); the pre- and
-// post-passes come with it.
-template <DType kDType, int kHeadDim>
+// Backward: one explicit instantiation per (dtype, head dim, v's head dim),
+// generated like the forward's (FLASH3_KERNELS names them bwd_bf16_128,
+// bwd_bf16_192_128, ...); the pre- and post-passes come with it.
+template <DType kDType, int kHeadDim, int kHeadDimV>
 Status launch_backward_sm90(const BackwardParams& params, cudaStream_t stream);
 
 }  // namespace flash3::detail

@@ -76,10 +76,10 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   static_assert(kSmemBytes <= sm90::bwd::kMaxSmemPerBlock, "shared memory budget exceeded");
   sm90::bwd::KernelArgs args{};
   const TensorMapShape q{p.q, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim, p.q_stride};
-  const TensorMapShape dout{p.dout, p.dtype, p.batch, p.seqlen_q, p.heads_q, p.headdim,
+  const TensorMapShape dout{p.dout, p.dtype, p.batch, p.seqlen_q, p.heads_q, T::kHeadDimV,
                             p.dout_stride};
   const TensorMapShape k{p.k, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.k_stride};
-  const TensorMapShape v{p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.v_stride};
+  const TensorMapShape v{p.v, p.dtype, p.batch, p.seqlen_k, p.heads_k, T::kHeadDimV, p.v_stride};
   constexpr int kCols = T::kSwizzleCols;
   for (Status s : {make_tensor_map(q, kCols, T::kBlockM, &args.q),
                    make_tensor_map(dout, kCols, T::kBlockM, &args.dout),
@@ -129,9 +129,11 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
 
 }  // namespace bwd_launch
 
-template <DType kDType, int kHeadDim>
+template <DType kDType, int kHeadDim, int kHeadDimV>
 Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
-  using T = sm90::bwd::Traits<kDType, kHeadDim>;
+  using T = sm90::bwd::Traits<kDType, kHeadDim, kHeadDimV>;
+  // GQA's fp32 dV sums take the dK sums' size (workspace.hpp), rows of kHeadDimV.
+  static_assert(kHeadDimV <= kHeadDim, "v's head dim at most q's");
   const bool dsinks = p.dsinks != nullptr;
   const auto w = sm90::bwd::WorkspaceLayout::of(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q,
                                                 p.heads_k, p.headdim, p.deterministic,

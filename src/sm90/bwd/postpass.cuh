@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
 }
 
 // GQA: dK (the main kernel added it already scaled) and dV from their fp32
-// sums (batch, heads_k, seqlen_k, headdim), four elements a thread at a time.
+// sums (batch, heads_k, seqlen_k, headdim; dV's of v's head dim), four
+// elements a thread at a time.
 struct DkvPostpassArgs {
   const float* dk_accum;
   const float* dv_accum;
@@ -105,11 +106,37 @@ struct DkvPostpassArgs {
   int64_t quads;  // batch * heads_k * seqlen_k * headdim / 4
 };
 
+// One of the two (dv != d): rows of kCols from an fp32 sum of such rows.
+template <class T, int kCols>
+__device__ void dkv_postpass_rows(const float* accum, void* out,
+                                  const flash3::detail::Strides3& stride,
+                                  const DkvPostpassArgs& args) {
+  using Element = typename T::Element;
+  constexpr int kQuadsPerRow = kCols / 4;
+  const int64_t quads = args.quads / (T::kHeadDim / 4) * kQuadsPerRow;  // args.quads: dK's
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x; i < quads;
+       i += static_cast<int64_t>(gridDim.x) * kPostpassThreads) {
+    const int col = static_cast<int>(i % kQuadsPerRow) * 4;
+    const int64_t row = i / kQuadsPerRow;  // (batch, head, key)
+    const int key = static_cast<int>(row % args.seqlen_k);
+    const int64_t batch_head = row / args.seqlen_k;
+    const int head = static_cast<int>(batch_head % args.heads_k);
+    const int64_t batch = batch_head / args.heads_k;
+    const float4 x = reinterpret_cast<const float4*>(accum)[i];
+    *reinterpret_cast<uint2*>(static_cast<Element*>(out) + stride.offset(batch, key, head) + col) =
+        make_uint2(pack2<Element>(x.x, x.y), pack2<Element>(x.z, x.w));
+  }
+}
+
 template <class T>
 __global__ void __launch_bounds__(kPostpassThreads)
     dkv_postpass_kernel(const DkvPostpassArgs args) {
   using Element = typename T::Element;
-  static_assert(T::kHeadDimV == T::kHeadDim, "dK and dV rows of one length (dv == d)");
+  if constexpr (T::kHeadDimV != T::kHeadDim) {  // dV's rows of their own length: a loop each
+    dkv_postpass_rows<T, T::kHeadDim>(args.dk_accum, args.dk, args.dk_stride, args);
+    dkv_postpass_rows<T, T::kHeadDimV>(args.dv_accum, args.dv, args.dv_stride, args);
+    return;
+  }
   constexpr int kQuadsPerRow = T::kHeadDim / 4;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x;
        i < args.quads; i += static_cast<int64_t>(gridDim.x) * kPostpassThreads) {
