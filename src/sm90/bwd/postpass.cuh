@@ -106,54 +106,49 @@ struct DkvPostpassArgs {
   int64_t quads;  // batch * heads_k * seqlen_k * headdim / 4
 };
 
-// One of the two (dv != d): rows of kCols from an fp32 sum of such rows.
-template <class T, int kCols>
-__device__ void dkv_postpass_rows(const float* accum, void* out,
-                                  const flash3::detail::Strides3& stride,
-                                  const DkvPostpassArgs& args) {
-  using Element = typename T::Element;
+// Quad i (four elements) of a sum of rows of kCols, (batch, head, key)
+// ordered: its element offset in the 16-bit tensor of `stride`.
+template <int kCols>
+__device__ int64_t quad_offset(int64_t i, const flash3::detail::Strides3& stride,
+                               const DkvPostpassArgs& args) {
   constexpr int kQuadsPerRow = kCols / 4;
-  const int64_t quads = args.quads / (T::kHeadDim / 4) * kQuadsPerRow;  // args.quads: dK's
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x; i < quads;
-       i += static_cast<int64_t>(gridDim.x) * kPostpassThreads) {
-    const int col = static_cast<int>(i % kQuadsPerRow) * 4;
-    const int64_t row = i / kQuadsPerRow;  // (batch, head, key)
-    const int key = static_cast<int>(row % args.seqlen_k);
-    const int64_t batch_head = row / args.seqlen_k;
-    const int head = static_cast<int>(batch_head % args.heads_k);
-    const int64_t batch = batch_head / args.heads_k;
-    const float4 x = reinterpret_cast<const float4*>(accum)[i];
-    *reinterpret_cast<uint2*>(static_cast<Element*>(out) + stride.offset(batch, key, head) + col) =
-        make_uint2(pack2<Element>(x.x, x.y), pack2<Element>(x.z, x.w));
-  }
+  const int col = static_cast<int>(i % kQuadsPerRow) * 4;
+  const int64_t row = i / kQuadsPerRow;  // (batch, head, key)
+  const int key = static_cast<int>(row % args.seqlen_k);
+  const int64_t batch_head = row / args.seqlen_k;
+  const int head = static_cast<int>(batch_head % args.heads_k);
+  const int64_t batch = batch_head / args.heads_k;
+  return stride.offset(batch, key, head) + col;
+}
+template <class Element>
+__device__ void store_quad(void* out, int64_t offset, float4 x) {
+  *reinterpret_cast<uint2*>(static_cast<Element*>(out) + offset) =
+      make_uint2(pack2<Element>(x.x, x.y), pack2<Element>(x.z, x.w));
 }
 
 template <class T>
 __global__ void __launch_bounds__(kPostpassThreads)
     dkv_postpass_kernel(const DkvPostpassArgs args) {
   using Element = typename T::Element;
-  if constexpr (T::kHeadDimV != T::kHeadDim) {  // dV's rows of their own length: a loop each
-    dkv_postpass_rows<T, T::kHeadDim>(args.dk_accum, args.dk, args.dk_stride, args);
-    dkv_postpass_rows<T, T::kHeadDimV>(args.dv_accum, args.dv, args.dv_stride, args);
-    return;
-  }
-  constexpr int kQuadsPerRow = T::kHeadDim / 4;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x;
-       i < args.quads; i += static_cast<int64_t>(gridDim.x) * kPostpassThreads) {
-    const int col = static_cast<int>(i % kQuadsPerRow) * 4;
-    const int64_t row = i / kQuadsPerRow;  // (batch, head, key)
-    const int key = static_cast<int>(row % args.seqlen_k);
-    const int64_t batch_head = row / args.seqlen_k;
-    const int head = static_cast<int>(batch_head % args.heads_k);
-    const int64_t batch = batch_head / args.heads_k;
-    const float4 k = reinterpret_cast<const float4*>(args.dk_accum)[i];
-    const float4 v = reinterpret_cast<const float4*>(args.dv_accum)[i];
-    *reinterpret_cast<uint2*>(static_cast<Element*>(args.dk) +
-                              args.dk_stride.offset(batch, key, head) + col) =
-        make_uint2(pack2<Element>(k.x, k.y), pack2<Element>(k.z, k.w));
-    *reinterpret_cast<uint2*>(static_cast<Element*>(args.dv) +
-                              args.dv_stride.offset(batch, key, head) + col) =
-        make_uint2(pack2<Element>(v.x, v.y), pack2<Element>(v.z, v.w));
+  const int64_t first = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kPostpassThreads;
+  if constexpr (T::kHeadDimV == T::kHeadDim) {
+    for (int64_t i = first; i < args.quads; i += step) {
+      const float4 k = reinterpret_cast<const float4*>(args.dk_accum)[i];
+      const float4 v = reinterpret_cast<const float4*>(args.dv_accum)[i];
+      store_quad<Element>(args.dk, quad_offset<T::kHeadDim>(i, args.dk_stride, args), k);
+      store_quad<Element>(args.dv, quad_offset<T::kHeadDim>(i, args.dv_stride, args), v);
+    }
+  } else {  // dV's rows of their own length (args.quads counts dK's): a loop each
+    for (int64_t i = first; i < args.quads; i += step) {
+      store_quad<Element>(args.dk, quad_offset<T::kHeadDim>(i, args.dk_stride, args),
+                          reinterpret_cast<const float4*>(args.dk_accum)[i]);
+    }
+    const int64_t v_quads = args.quads / T::kHeadDim * T::kHeadDimV;
+    for (int64_t i = first; i < v_quads; i += step) {
+      store_quad<Element>(args.dv, quad_offset<T::kHeadDimV>(i, args.dv_stride, args),
+                          reinterpret_cast<const float4*>(args.dv_accum)[i]);
+    }
   }
 }
 
