@@ -107,12 +107,13 @@ TEST_P(BackwardSweep, SlidingWindows) {
 
 // v, out, dout and dv of head dim 128 beside q and k of 192 (DeepSeek's
 // (192, 128), FlashAttention-3's dv != d): unequal lengths, GQA and MQA,
-// causal or not, both dtypes; then deterministic.
+// causal or not, both dtypes; then deterministic. GQA's dV rows (batch x
+// heads_k x keys) a multiple of 4 and not: 1 x 6 / 1 x 3, 3 x 6 / 2 x 203.
 class BackwardValueHeadDim : public HopperTest {};
 
 TEST_F(BackwardValueHeadDim, V128Beside192) {
   const std::vector<Dims> dims = {{2, 300, 411, 4, 2}, {1, 1000, 1000, 2, 2}, {3, 129, 64, 8, 1},
-                                  {1, 1, 3, 2, 2}};
+                                  {1, 1, 3, 2, 2},     {1, 1, 3, 6, 1},       {3, 113, 203, 6, 2}};
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     for (const Dims& d : dims) {
       for (bool causal : {false, true}) {

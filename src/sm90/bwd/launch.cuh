@@ -236,9 +236,9 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
     kv.dv_stride = p.dv_stride;
     kv.seqlen_k = p.seqlen_k;
     kv.heads_k = p.heads_k;
-    kv.quads = static_cast<int64_t>(p.batch) * p.heads_k * p.seqlen_k * p.headdim / 4;
-    const int64_t blocks =
-        (kv.quads + sm90::bwd::kPostpassThreads - 1) / sm90::bwd::kPostpassThreads;
+    kv.rows = static_cast<int64_t>(p.batch) * p.heads_k * p.seqlen_k;
+    const int64_t quads = kv.rows * p.headdim / 4;
+    const int64_t blocks = (quads + sm90::bwd::kPostpassThreads - 1) / sm90::bwd::kPostpassThreads;
     const int grid = static_cast<int>(blocks < 8 * p.num_sms ? blocks : 8 * p.num_sms);
     if (grid > 0) {
       sm90::bwd::dkv_postpass_kernel<T><<<grid, sm90::bwd::kPostpassThreads, 0, stream>>>(kv);

@@ -103,7 +103,7 @@ struct DkvPostpassArgs {
   flash3::detail::Strides3 dk_stride, dv_stride;
   int seqlen_k;
   int heads_k;
-  int64_t quads;  // batch * heads_k * seqlen_k * headdim / 4
+  int64_t rows;  // batch * heads_k * seqlen_k
 };
 
 // Quad i (four elements) of a sum of rows of kCols, (batch, head, key)
@@ -132,19 +132,20 @@ __global__ void __launch_bounds__(kPostpassThreads)
   using Element = typename T::Element;
   const int64_t first = blockIdx.x * static_cast<int64_t>(kPostpassThreads) + threadIdx.x;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kPostpassThreads;
+  const int64_t quads = args.rows * (T::kHeadDim / 4);
   if constexpr (T::kHeadDimV == T::kHeadDim) {
-    for (int64_t i = first; i < args.quads; i += step) {
+    for (int64_t i = first; i < quads; i += step) {
       const float4 k = reinterpret_cast<const float4*>(args.dk_accum)[i];
       const float4 v = reinterpret_cast<const float4*>(args.dv_accum)[i];
       store_quad<Element>(args.dk, quad_offset<T::kHeadDim>(i, args.dk_stride, args), k);
       store_quad<Element>(args.dv, quad_offset<T::kHeadDim>(i, args.dv_stride, args), v);
     }
-  } else {  // dV's rows of their own length (args.quads counts dK's): a loop each
-    for (int64_t i = first; i < args.quads; i += step) {
+  } else {  // dV's rows of their own length: a loop each
+    for (int64_t i = first; i < quads; i += step) {
       store_quad<Element>(args.dk, quad_offset<T::kHeadDim>(i, args.dk_stride, args),
                           reinterpret_cast<const float4*>(args.dk_accum)[i]);
     }
-    const int64_t v_quads = args.quads / T::kHeadDim * T::kHeadDimV;
+    const int64_t v_quads = args.rows * (T::kHeadDimV / 4);
     for (int64_t i = first; i < v_quads; i += step) {
       store_quad<Element>(args.dv, quad_offset<T::kHeadDimV>(i, args.dv_stride, args),
                           reinterpret_cast<const float4*>(args.dv_accum)[i]);
