@@ -182,28 +182,12 @@ struct Mainloop {
   }
 
   // The same with A read from a P^T or dS^T tile (K-major: its rows are the
-  // 64 keys, the reduction runs along them), kBlockM being one column block.
+  // 64 keys, the reduction runs along them), kBlockM being one column block;
+  // kCols columns from col0 into acc's first registers (T::kDkvUneven: a
+  // warpgroup's part, T::dkv_cols or T::dv_cols, fewer than acc holds).
   template <int kCols, int kAccRegs>
   __device__ void gemm_accumulate_kv_from_tile(uint32_t a_addr, uint32_t b_addr, int col0,
                                                float (&acc)[kAccRegs]) {
-    static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
-    fence_operands(acc);
-    mma_fence();
-    const auto a = desc_k_major<false>(a_addr);
-    const auto b = desc_mn_major<false>(
-        b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
-#pragma unroll
-    for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
-      mma_ss<Element, kCols, gmma::Major::MN, kAccRegs, gmma::Major::K>(
-          a.at(kk * kMmaKBytes), b.at(kk * kMmaK16 * kSwizzleRowBytes), acc, true);
-    }
-    fence_operands(acc);
-  }
-  // T::kDkvUneven: kCols columns from col0 (a warpgroup's part:
-  // T::dkv_cols, T::dv_cols), into acc's first registers.
-  template <int kCols, int kAccRegs>
-  __device__ void gemm_accumulate_kv_from_tile_cols(uint32_t a_addr, uint32_t b_addr, int col0,
-                                                    float (&acc)[kAccRegs]) {
     static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
     fence_operands(acc);
     mma_fence();
@@ -248,9 +232,9 @@ struct Mainloop {
   __device__ void split_gemms(int stage, const Element* p_tile, const Element* ds_tile,
                               float (&dk)[T::kDkvAccRegs], float (&dv)[T::kDvAccRegs],
                               float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
-    gemm_accumulate_kv_from_tile_cols<T::dv_cols(kW)>(
+    gemm_accumulate_kv_from_tile<T::dv_cols(kW)>(
         smem_u32(p_tile), smem_u32(smem.dout[stage]), T::dv_col_offset(kW), dv);
-    gemm_accumulate_kv_from_tile_cols<T::dkv_cols(kW)>(
+    gemm_accumulate_kv_from_tile<T::dkv_cols(kW)>(
         smem_u32(ds_tile), smem_u32(smem.q[stage]), T::dkv_col_offset(kW), dk);
     mma_commit();
     gemm_dq_cols<T::dq_cols(kW)>(smem_u32(ds_tile), T::dq_col_offset(kW), dq);
