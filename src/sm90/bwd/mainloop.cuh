@@ -502,6 +502,17 @@ struct Mainloop {
   // (each warp reads its own 16 rows of it back before writing dS^T there).
   __device__ void compute_split(int warpgroup, float (&dk)[T::kDkvAccRegs],
                                 float (&dv)[T::kDvAccRegs]) {
+    // A loop per role, so that each allocates its own registers (one loop
+    // with both roles behind branches had ptxas serialize every wgmma of
+    // head dim 192's non-causal kernels: C7511).
+    if (warpgroup == 0) {
+      compute_split_as<0>(dk, dv);
+    } else {
+      compute_split_as<1>(dk, dv);
+    }
+  }
+  template <int kW>
+  __device__ void compute_split_as(float (&dk)[T::kDkvAccRegs], float (&dv)[T::kDvAccRegs]) {
     const FragmentCoord c = FragmentCoord::current();
     const int key_row0 = c.warp * 16 + c.row;
     smem.kv_full.wait(0);
@@ -514,7 +525,7 @@ struct Mainloop {
       uint32_t x16[T::kPRegs];
       smem.q_full[stage].wait(pipe.phase);
       smem.do_full[stage].wait(pipe.phase);
-      if (warpgroup == 0) {
+      if constexpr (kW == 0) {
         gemm_transposed_scores<kHeadDim>(smem_u32(smem.k), smem_u32(smem.q[stage]), acc);
         mma_wait<0>();
         fence_operands(acc);
@@ -558,18 +569,14 @@ struct Mainloop {
       named_barrier_sync(NamedBarrier::kBwdDsReady, T::kConsumerThreads);
       float dq[T::kDqRowGroups][T::kDqAccRegs];
       if constexpr (T::kDkvUneven) {  // each warpgroup's parts of its own sizes
-        if (warpgroup == 0) {
-          split_gemms<0>(stage, p_tile, ds_tile, dk, dv, dq);
-        } else {
-          split_gemms<1>(stage, p_tile, ds_tile, dk, dv, dq);
-        }
+        split_gemms<kW>(stage, p_tile, ds_tile, dk, dv, dq);
       } else {
         gemm_accumulate_kv_from_tile<T::kDvCols>(smem_u32(p_tile), smem_u32(smem.dout[stage]),
-                                                 T::dv_col_offset(warpgroup), dv);
+                                                 T::dv_col_offset(kW), dv);
         gemm_accumulate_kv_from_tile<T::kDkvCols>(smem_u32(ds_tile), smem_u32(smem.q[stage]),
-                                                  T::dkv_col_offset(warpgroup), dk);
+                                                  T::dkv_col_offset(kW), dk);
         mma_commit();
-        gemm_dq(smem_u32(ds_tile), warpgroup, dq);
+        gemm_dq(smem_u32(ds_tile), kW, dq);
       }
       mma_wait<0>();
       fence_operands(dv);
@@ -578,7 +585,7 @@ struct Mainloop {
       for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
         fence_operands(dq[rg]);
       }
-      finish_step(stage, dq, warpgroup);
+      finish_step(stage, dq, kW);
     }
   }
 };
