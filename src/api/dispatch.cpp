@@ -51,6 +51,18 @@ Status visit_headdim(const char* call, int headdim, const Fn& fn) {
   });
 }
 
+// fn(dtype, headdim, headdim_v) as integral constants for a 16-bit call: the
+// head dims of HeadDimsOf and, beside each, v's of ValueDims<headdim>.
+template <class HeadDimsOf, template <int> class ValueDims, class Fn>
+Status visit_dims(const char* call, DType dtype, int headdim, int headdim_v, const Fn& fn) {
+  return visit_dtype(call, dtype, [&](auto dt) {
+    return visit_headdim<HeadDimsOf>(call, headdim, [&](auto hd) {
+      return visit_headdim<ValueDims<decltype(hd)::value>>(call, headdim_v,
+                                                           [&](auto dv) { return fn(dt, hd, dv); });
+    });
+  });
+}
+
 template <DType kOutDType, int kHeadDim>
 Status launch_fp8(const ForwardParams& p, cudaStream_t stream) {
   return launch_if_built<kFp8KernelBuilt<kOutDType, kHeadDim>, kOutDType, kHeadDim>(
@@ -82,37 +94,29 @@ Status dispatch(const ForwardParams& p, cudaStream_t stream) {
   if (p.dtype == DType::kFloat8E4M3) {
     return dispatch_fp8(p, stream);
   }
-  return visit_dtype(kForwardCall, p.dtype, [&](auto dtype) {
-    return visit_headdim<ForwardHeadDims>(kForwardCall, p.headdim, [&](auto headdim) {
-      constexpr int kHeadDim = decltype(headdim)::value;
-      return visit_headdim<ForwardValueDims<kHeadDim>>(kForwardCall, p.headdim_v, [&](auto dv) {
+  return visit_dims<ForwardHeadDims, ForwardValueDims>(
+      kForwardCall, p.dtype, p.headdim, p.headdim_v, [&](auto dtype, auto headdim, auto dv) {
         constexpr DType kDType = decltype(dtype)::value;
-        constexpr int kHeadDimV = decltype(dv)::value;
+        constexpr int kHeadDim = decltype(headdim)::value, kHeadDimV = decltype(dv)::value;
         const auto launch = [&] {
           return launch_forward_sm90<kDType, kHeadDim, kHeadDimV>(p, stream);
         };
         return launch_if_built<kKernelBuilt<kDType, kHeadDim, kHeadDimV>, kDType, kHeadDim,
                                decltype(launch), kHeadDimV>(kForwardCall, "", launch);
       });
-    });
-  });
 }
 
 Status dispatch(const BackwardParams& p, cudaStream_t stream) {
-  return visit_dtype(kBackwardCall, p.dtype, [&](auto dtype) {
-    return visit_headdim<BackwardHeadDims>(kBackwardCall, p.headdim, [&](auto headdim) {
-      constexpr int kHeadDim = decltype(headdim)::value;
-      return visit_headdim<BackwardValueDims<kHeadDim>>(kBackwardCall, p.headdim_v, [&](auto dv) {
+  return visit_dims<BackwardHeadDims, BackwardValueDims>(
+      kBackwardCall, p.dtype, p.headdim, p.headdim_v, [&](auto dtype, auto headdim, auto dv) {
         constexpr DType kDType = decltype(dtype)::value;
-        constexpr int kHeadDimV = decltype(dv)::value;
+        constexpr int kHeadDim = decltype(headdim)::value, kHeadDimV = decltype(dv)::value;
         const auto launch = [&] {
           return launch_backward_sm90<kDType, kHeadDim, kHeadDimV>(p, stream);
         };
         return launch_if_built<kBwdKernelBuilt<kDType, kHeadDim, kHeadDimV>, kDType, kHeadDim,
                                decltype(launch), kHeadDimV>(kBackwardCall, "backward ", launch);
       });
-    });
-  });
 }
 
 Status dispatch(const QuantizeParams& p, cudaStream_t stream) {
