@@ -172,11 +172,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   if (Status s = check_q_and_k(q, k); !s.ok()) {  // k's batch and head dim among them
     return s;
   }
-  if (!own_dv) {
-    if (Status s = check_batch_and_headdim_match_q("v", v, q); !s.ok()) {
-      return s;
-    }
-  } else if (v.shape[0] != q.shape[0]) {
+  // v's head dim passed check_value_headdim_first: only its batch is left.
+  if (v.shape[0] != q.shape[0]) {
     return invalid("v.shape[0] (batch) = ", v.shape[0], " differs from q's ", q.shape[0]);
   }
   if (v.shape[1] != k.shape[1]) {
