@@ -261,7 +261,11 @@ const InvalidBackwardCase kCases[] = {
     {"VBatchMismatch", [](P& p) { set_dims(p.v, 1, 16, 2, 64); }, Code::kInvalidArgument,
      "v.shape[0] (batch) = 1 differs from q's 2"},
     {"VHeadDimOfItsOwn", [](P& p) { set_dims(p.v, 2, 16, 2, 128); }, Code::kUnsupported,
-     "v.shape[3] (headdim) = 128 differs from q's 64; v's head dim beside q's 64 must be one of 64"},
+     "v.shape[3] (headdim) = 128 differs from q's 64; in the backward, v's head dim beside q's 64 "
+     "must be one of 64"},
+    // (64, 256) has a forward but no backward.
+    {"V256BesideQ64", [](P& p) { set_dims(p.v, 2, 16, 2, 256); }, Code::kUnsupported,
+     "in the backward, v's head dim beside q's 64 must be one of 64"},
     // v of head dim 128 beside q's 192 (dv != d): out and dout take v's head dim, dv v's shape.
     {"DoutOfQsHeadDimBesideV128",
      [](P& p) {

@@ -26,7 +26,7 @@ constexpr int kHeadDims[] = {64, 96, 128, 192, 256};
 struct HeadDimPair {
   int d, dv;
 };
-constexpr HeadDimPair kHeadDimPairs[] = {{64, 64},   {96, 96},   {128, 128},
+constexpr HeadDimPair kHeadDimPairs[] = {{64, 64},   {64, 256},  {96, 96},   {128, 128},
                                          {192, 192}, {192, 128}, {256, 256}};
 
 class ForwardTest : public HopperTest {
@@ -324,6 +324,16 @@ TEST_F(SanitizeForward, Bf16D192V128CausalSteps) {
 
 TEST_F(SanitizeForward, Fp16D192V128Seqlen300Gqa) {
   expect_matches_reference({DType::kFloat16, {2, 300, 333, 8, 2, 192, 128}, false});
+}
+
+// v and out of head dim 256 beside q and k of 64 (FlashAttention-3's dv !=
+// d): 80-key blocks, O in a tile of its own.
+TEST_F(SanitizeForward, Bf16D64V256CausalSteps) {
+  expect_matches_reference({DType::kBFloat16, {8, 1100, 1100, 2, 2, 64, 256}, true});
+}
+
+TEST_F(SanitizeForward, Fp16D64V256Seqlen300Gqa) {
+  expect_matches_reference({DType::kFloat16, {2, 300, 333, 8, 2, 64, 256}, false});
 }
 
 TEST_F(SanitizeForward, Fp16D256CausalStepsGqa) {

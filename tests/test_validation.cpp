@@ -57,14 +57,22 @@ const InvalidForwardCase kCases[] = {
      "headdim = 32 is not supported"},
     {"HeadDimMismatch", [](HostProblem& p) { set_headdim(p.k, 128); }, Code::kInvalidArgument,
      "k.shape[3] (headdim) = 128 differs"},
-    // v (and out) of a head dim of their own: 128 beside 192 only.
-    {"ValueHeadDimBeside64",
+    // v (and out) of a head dim of their own: 128 beside 192, 256 beside 64.
+    {"ValueHeadDim128Beside64",
      [](HostProblem& p) {
        set_headdim(p.v, 128);
        set_headdim(p.out, 128);
      },
      Code::kUnsupported,
-     "v.shape[3] (headdim) = 128 differs from q's 64; v's head dim beside q's 64 must be one of 64"},
+     "v.shape[3] (headdim) = 128 differs from q's 64; v's head dim beside q's 64 must be one of "
+     "64, 256"},
+    {"ValueHeadDimBeside128",
+     [](HostProblem& p) {
+       set_headdim_all(p, 128);
+       set_headdim(p.v, 64);
+       set_headdim(p.out, 64);
+     },
+     Code::kUnsupported, "v's head dim beside q's 128 must be one of 128"},
     {"ValueHeadDim64Beside192",
      [](HostProblem& p) {
        set_headdim(p.q, 192);
@@ -421,6 +429,18 @@ TEST(ValidForward, ValueHeadDim128Beside192ReachesTheDevice) {
   set_headdim(p.k, 192);
   set_headdim(p.v, 128);
   set_headdim(p.out, 128);
+  expect_reaches_the_device(p.call());
+  expect_reaches_the_device(p.call_kvcache());
+  EXPECT_TRUE(p.untouched());
+}
+
+// And 256 beside 64 (FlashAttention-3's dv != d at head dim 64).
+TEST(ValidForward, ValueHeadDim256Beside64ReachesTheDevice) {
+  KvCacheProblem p;
+  set_headdim(p.q, 64);
+  set_headdim(p.k, 64);
+  set_headdim(p.v, 256);
+  set_headdim(p.out, 256);
   expect_reaches_the_device(p.call());
   expect_reaches_the_device(p.call_kvcache());
   EXPECT_TRUE(p.untouched());

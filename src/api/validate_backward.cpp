@@ -142,8 +142,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
     return s;
   }
   // v (and out, dout, dv) of q's head dim or one paired with it (dv != d:
-  // sm90/head_dims.hpp, BackwardValueDims, the forward's pairs).
-  if (Status s = check_value_headdim_first(q, v); !s.ok()) {
+  // sm90/head_dims.hpp, BackwardValueDims).
+  if (Status s = check_value_headdim_first(q, v, "v", HeadDimsOf::kBackward); !s.ok()) {
     return s;
   }
   const bool own_dv = v.shape[3] != q.shape[3];

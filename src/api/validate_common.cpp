@@ -223,20 +223,28 @@ Status check_headdim_first(const Tensor& q, HeadDimsOf of) {
   return q.shape[3] > 0 ? check_headdim(q.shape[3], of) : Status{};
 }
 
-Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v_name) {
+Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v_name,
+                                 HeadDimsOf of) {
   if (v.shape[3] <= 0 || v.shape[3] == q.shape[3]) {
     return Status{};
   }
   const int d = static_cast<int>(q.shape[3]);
-  const auto listed = [&](auto headdim) {
-    using Values = ForwardValueDims<decltype(headdim)::value>;
-    return contains(Values{}, v.shape[3])
+  const bool backward = of == HeadDimsOf::kBackward;
+  const auto listed = [&](auto headdim, auto values) {
+    return contains(values, v.shape[3])
                ? Status{}
                : unsupported(v_name, ".shape[3] (headdim) = ", v.shape[3], " differs from q's ", d,
-                             "; v's head dim beside q's ", d, " must be one of ",
-                             list_text(Values{}));
+                             backward ? "; in the backward, v's" : "; v's",
+                             " head dim beside q's ", d, " must be one of ", list_text(values));
   };
-  return visit_head_dim(ForwardHeadDims{}, d, listed, [] { return Status{}; });
+  const auto forward_pairs = [&](auto headdim) {
+    return listed(headdim, ForwardValueDims<decltype(headdim)::value>{});
+  };
+  const auto backward_pairs = [&](auto headdim) {
+    return listed(headdim, BackwardValueDims<decltype(headdim)::value>{});
+  };
+  return backward ? visit_head_dim(BackwardHeadDims{}, d, backward_pairs, [] { return Status{}; })
+                  : visit_head_dim(ForwardHeadDims{}, d, forward_pairs, [] { return Status{}; });
 }
 
 Strides3 strides_of(const Tensor& t) {

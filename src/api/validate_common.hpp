@@ -114,10 +114,12 @@ Status check_headdim(int64_t d, HeadDimsOf of = HeadDimsOf::kOthers);
 // own checks: a head dim without a kernel (d = 59) is refused as such rather
 // than blamed on the strides it makes (59 x 2 bytes is not a multiple of 16).
 Status check_headdim_first(const Tensor& q, HeadDimsOf of = HeadDimsOf::kOthers);
-// The 16-bit forward's v: of q's head dim, or of another that
-// ForwardValueDims lists beside it (head_dims.hpp), else kUnsupported saying
-// which (q's head dim checked first; v's other checks after this).
-Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v_name = "v");
+// The 16-bit forward's v (kForward) or the backward's (kBackward): of q's
+// head dim, or of another that ForwardValueDims / BackwardValueDims lists
+// beside it (head_dims.hpp), else kUnsupported saying which (q's head dim
+// checked first; v's other checks after this).
+Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v_name = "v",
+                                 HeadDimsOf of = HeadDimsOf::kForward);
 
 // The (batch, seqlen, heads, headdim) sizes of a validated tensor into params.
 template <class Params>

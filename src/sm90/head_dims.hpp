@@ -17,12 +17,15 @@ using BackwardHeadDims = std::integer_sequence<int, 64, 96, 128, 192, 256>;
 using HeadDims = std::integer_sequence<int, 64, 128, 256>;
 using Fp8HeadDims = std::integer_sequence<int, 64, 128, 256>;
 // V's (and out's) head dims of the 16-bit forward per head dim of q and k:
-// the same, and 128 beside 192 (DeepSeek's (192, 128), FlashAttention-3's
-// dv != d), in the forward and the backward. The other calls take v of q's
-// head dim.
+// the same, 128 beside 192 (DeepSeek's (192, 128)) and 256 beside 64
+// (FlashAttention-3's dv != d). The other calls take v of q's head dim.
 template <int kHeadDim>
 struct ForwardValueDimsOf {
   using type = std::integer_sequence<int, kHeadDim>;
+};
+template <>
+struct ForwardValueDimsOf<64> {
+  using type = std::integer_sequence<int, 64, 256>;
 };
 template <>
 struct ForwardValueDimsOf<192> {
@@ -30,9 +33,16 @@ struct ForwardValueDimsOf<192> {
 };
 template <int kHeadDim>
 using ForwardValueDims = typename ForwardValueDimsOf<kHeadDim>::type;
-// The backward's: the same pairs.
+// The backward's: the forward's pairs but (64, 256), whose dV (64 keys x 256
+// a warpgroup) does not fit the backward's registers as it is laid out.
 template <int kHeadDim>
-using BackwardValueDims = ForwardValueDims<kHeadDim>;
+struct BackwardValueDimsOf : ForwardValueDimsOf<kHeadDim> {};
+template <>
+struct BackwardValueDimsOf<64> {
+  using type = std::integer_sequence<int, 64>;
+};
+template <int kHeadDim>
+using BackwardValueDims = typename BackwardValueDimsOf<kHeadDim>::type;
 
 template <int... kDims>
 constexpr bool contains(std::integer_sequence<int, kDims...>, long long d) {

@@ -192,6 +192,17 @@ struct TileConfig<256, kCausal, kShort, 256> : WideHeadLoop<kCausal> {
 };
 template <>
 inline constexpr int kShortMaxSeqlen<false, 256, true> = 1024;
+template <bool kCausal, bool kShort>
+struct TileConfig<64, kCausal, kShort, 256> : WideHeadLoop<kCausal> {
+  // V and O of head dim 256 beside q and k of 64 (FlashAttention-3's dv !=
+  // d): O takes 128 registers per thread as at 256, so head dim 256's 80
+  // keys (S 40, P 20 registers); 16 KB Q + 2 x (10 + 40) KB K/V + 64 KB O
+  // = 180 KB, O staged in a tile of its own (Q's 16 KB cannot hold it; the V
+  // stages could, but not under the decoding kernels' tail split). Head dim
+  // 256's loop details (WideHeadLoop), not measured here.
+  static constexpr int kBlockM = 128, kBlockN = 80, kStages = 2;
+  static constexpr OStore kOStore = OStore::kSeparateTile;
+};
 
 // FP8 (e4m3) inputs: the GEMMs run at twice the rate, so a key block costs
 // half as long, and the ring needs more depth or larger blocks to keep up.
