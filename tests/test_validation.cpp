@@ -6,6 +6,7 @@
 #include <limits>
 #include <ostream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -421,29 +422,20 @@ void expect_reaches_the_device(const Status& s) {
       << s.message;
 }
 
-// v and out of head dim 128 beside q and k of 192 (DeepSeek's (192, 128)),
-// dense and from a KV cache.
-TEST(ValidForward, ValueHeadDim128Beside192ReachesTheDevice) {
-  KvCacheProblem p;
-  set_headdim(p.q, 192);
-  set_headdim(p.k, 192);
-  set_headdim(p.v, 128);
-  set_headdim(p.out, 128);
-  expect_reaches_the_device(p.call());
-  expect_reaches_the_device(p.call_kvcache());
-  EXPECT_TRUE(p.untouched());
-}
-
-// And 256 beside 64 (FlashAttention-3's dv != d at head dim 64).
-TEST(ValidForward, ValueHeadDim256Beside64ReachesTheDevice) {
-  KvCacheProblem p;
-  set_headdim(p.q, 64);
-  set_headdim(p.k, 64);
-  set_headdim(p.v, 256);
-  set_headdim(p.out, 256);
-  expect_reaches_the_device(p.call());
-  expect_reaches_the_device(p.call_kvcache());
-  EXPECT_TRUE(p.untouched());
+// v and out of a head dim of their own beside q's and k's (DeepSeek's (192,
+// 128), FlashAttention-3's (64, 256)), dense and from a KV cache.
+TEST(ValidForward, ValueHeadDimsOfTheirOwnReachTheDevice) {
+  for (const auto& [d, dv] : {std::pair{192, 128}, std::pair{64, 256}}) {
+    SCOPED_TRACE(std::to_string(d) + ", " + std::to_string(dv));
+    KvCacheProblem p;
+    set_headdim(p.q, d);
+    set_headdim(p.k, d);
+    set_headdim(p.v, dv);
+    set_headdim(p.out, dv);
+    expect_reaches_the_device(p.call());
+    expect_reaches_the_device(p.call_kvcache());
+    EXPECT_TRUE(p.untouched());
+  }
 }
 
 TEST(ForwardKvCache, ValidArgumentsReachTheDevice) {
