@@ -386,8 +386,10 @@ int main(int argc, char** argv) {
   // One allocation per tensor, big enough for every cell: cells use a prefix.
   const int64_t max_seqlen = *std::max_element(o.seqlens.begin(), o.seqlens.end());
   const int64_t max_tokens = std::max<int64_t>(kTokens, max_seqlen) * std::max(1, o.batch);
-  const int64_t elements = max_tokens * kHidden;
   const int64_t max_heads = kHidden / *std::min_element(o.headdims.begin(), o.headdims.end());
+  // A row of v and out is heads x v's head dim: wider than kHidden where v's head dim is
+  // larger than q's (--headdim 64 --headdim-v 256).
+  const int64_t elements = max_tokens * std::max<int64_t>(kHidden, max_heads * o.headdim_v);
   void *q, *k, *v, *out;
   float* lse;
   cudaStream_t stream;
