@@ -230,7 +230,7 @@ Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v
   }
   const int d = static_cast<int>(q.shape[3]);
   const bool backward = of == HeadDimsOf::kBackward;
-  const auto listed = [&](auto headdim, auto values) {
+  const auto listed = [&](auto values) {
     return contains(values, v.shape[3])
                ? Status{}
                : unsupported(v_name, ".shape[3] (headdim) = ", v.shape[3], " differs from q's ", d,
@@ -238,10 +238,10 @@ Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v
                              " head dim beside q's ", d, " must be one of ", list_text(values));
   };
   const auto forward_pairs = [&](auto headdim) {
-    return listed(headdim, ForwardValueDims<decltype(headdim)::value>{});
+    return listed(ForwardValueDims<decltype(headdim)::value>{});
   };
   const auto backward_pairs = [&](auto headdim) {
-    return listed(headdim, BackwardValueDims<decltype(headdim)::value>{});
+    return listed(BackwardValueDims<decltype(headdim)::value>{});
   };
   return backward ? visit_head_dim(BackwardHeadDims{}, d, backward_pairs, [] { return Status{}; })
                   : visit_head_dim(ForwardHeadDims{}, d, forward_pairs, [] { return Status{}; });
