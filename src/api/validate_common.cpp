@@ -237,14 +237,13 @@ Status check_value_headdim_first(const Tensor& q, const Tensor& v, const char* v
                              backward ? "; in the backward, v's" : "; v's",
                              " head dim beside q's ", d, " must be one of ", list_text(values));
   };
-  const auto forward_pairs = [&](auto headdim) {
-    return listed(ForwardValueDims<decltype(headdim)::value>{});
+  const auto pairs = [&](auto headdim) {
+    constexpr int kHeadDim = decltype(headdim)::value;
+    return backward ? listed(BackwardValueDims<kHeadDim>{}) : listed(ForwardValueDims<kHeadDim>{});
   };
-  const auto backward_pairs = [&](auto headdim) {
-    return listed(BackwardValueDims<decltype(headdim)::value>{});
-  };
-  return backward ? visit_head_dim(BackwardHeadDims{}, d, backward_pairs, [] { return Status{}; })
-                  : visit_head_dim(ForwardHeadDims{}, d, forward_pairs, [] { return Status{}; });
+  const auto none = [] { return Status{}; };
+  return backward ? visit_head_dim(BackwardHeadDims{}, d, pairs, none)
+                  : visit_head_dim(ForwardHeadDims{}, d, pairs, none);
 }
 
 Strides3 strides_of(const Tensor& t) {
