@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (!block_of<T, kCausal, kVarlen>(args, &blk)) {
     return;  // the whole CTA, before any barrier
   }
-  SharedStorage<T>& smem = aligned_shared_storage<SharedStorage<T>, kSmemAlignSlack>();
+  SharedStorage<T>& smem = shared_space_storage<SharedStorage<T>, kSmemAlignSlack>();
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / T::kWarpgroupThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
   const WarpRole role = warpgroup > 0 ? WarpRole::kConsumer

@@ -140,8 +140,8 @@ struct Mainloop {
                                          float (&acc)[T::kSAccRegs]) {
     fence_operands(acc);
     mma_fence();
-    const auto a = desc_k_major<false>(a_addr);
-    const auto b = desc_k_major<false>(b_addr);
+    const auto a = desc_k_major<true>(a_addr);
+    const auto b = desc_k_major<true>(b_addr);
 #pragma unroll
     for (int kk = 0; kk < kDim / kMmaK16; ++kk) {
       const int block = kk / (kSwizzleCols / kMmaK16);
@@ -162,7 +162,7 @@ struct Mainloop {
                                      float (&acc)[kAccRegs]) {
     fence_operands(acc);
     mma_fence();
-    const auto b = desc_mn_major<false>(
+    const auto b = desc_mn_major<true>(
         b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
     // Head dim 96: the first column block, then the second block's 32.
     constexpr int kWhole = kCols / kSwizzleCols * kSwizzleCols;
@@ -191,8 +191,8 @@ struct Mainloop {
     static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
     fence_operands(acc);
     mma_fence();
-    const auto a = desc_k_major<false>(a_addr);
-    const auto b = desc_mn_major<false>(
+    const auto a = desc_k_major<true>(a_addr);
+    const auto b = desc_mn_major<true>(
         b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
@@ -209,12 +209,12 @@ struct Mainloop {
                                float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
     static_assert(kCols % kSwizzleCols == 0, "whole column blocks");
     mma_fence();
-    const auto b = desc_mn_major<false>(
+    const auto b = desc_mn_major<true>(
         smem_u32(smem.k) + (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes,
         kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-      const auto a = desc_mn_major<false>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+      const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
                                           kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
@@ -252,13 +252,13 @@ struct Mainloop {
       return;
     }
     const int col0 = warpgroup * T::kDqCols;
-    const auto b = desc_mn_major<false>(smem_u32(smem.k) +
+    const auto b = desc_mn_major<true>(smem_u32(smem.k) +
                                             (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes +
                                             (col0 % kSwizzleCols) * T::kElementBytes,
                                         kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-      const auto a = desc_mn_major<false>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+      const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
                                           kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
@@ -279,10 +279,10 @@ struct Mainloop {
     constexpr int kPart = T::kDqCols - kWhole;
     static_assert(kWhole > 0 && kPart > 0, "whole blocks and a part");
     const int key0 = T::key_offset(warpgroup);
-    const auto b = desc_mn_major<false>(smem_u32(smem.k), kBlockN * kSwizzleRowBytes);
+    const auto b = desc_mn_major<true>(smem_u32(smem.k), kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-      const auto a = desc_mn_major<false>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+      const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
                                           kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kMmaM / kMmaK16; ++kk) {
