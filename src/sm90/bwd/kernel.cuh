@@ -123,6 +123,65 @@ __device__ void store_dkv(const KernelArgs& args, const KeyBlock& blk, int warpg
   }
 }
 
+// dK (scaled) and dV through shared memory and TMA stores (dense, without
+// GQA: KernelArgs::dkv_tma): once both consumer warpgroups are done with the
+// K and V tiles (the dQ GEMM reads all of K), each writes its rows (or
+// kDimSplit: its columns) of dK into the K tile and of dV into the V tile
+// with stmatrix, in the tiles' swizzled layout; then one thread stores every
+// column block of both (TMA drops the rows past seqlen_k and the columns
+// past the head dim) and waits until they are read. Against 64 four-byte
+// stores a thread straight from registers (store_dkv): the short sequences'
+// CTAs spent a quarter of their time there (design.md).
+template <class T>
+__device__ void store_dkv_tma(SharedStorage<T>& smem, const KernelArgs& args, const KeyBlock& blk,
+                              int warpgroup, float (&dk)[T::kDkvAccRegs],
+                              const float (&dv)[T::kDvAccRegs]) {
+  using Element = typename T::Element;
+  named_barrier_sync(NamedBarrier::kBwdDkvStored, T::kConsumerThreads);
+  const FragmentCoord c = FragmentCoord::current();
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  // stmatrix, two 8-column groups of the warp's 16 rows at a time (as the
+  // mainloop's dS^T tile): lane l addresses row l % 8 + 8 ((l / 8) % 2) of
+  // column group j + l / 16.
+  const int st_row = T::key_offset(warpgroup) + c.warp * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+  const auto stage = [&](const auto& acc, Element* tile, int col0, int cols, float scale) {
+    constexpr int kGroups = sizeof(acc) / sizeof(acc[0]) / 4;
+#pragma unroll
+    for (int j = 0; j < kGroups; j += 2) {
+      if (8 * j >= cols) {
+        break;
+      }
+      uint32_t x[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int g = j + i / 2, r = i % 2;  // matrix i: column group g, rows 8r..
+        x[i] = pack2<Element>(acc[4 * g + 2 * r] * scale, acc[4 * g + 2 * r + 1] * scale);
+      }
+      stmatrix_x4(smem_u32(tile) + tile_offset16<T::kBlockN>(st_row, col0 + 8 * (j + lane / 16)),
+                  x[0], x[1], x[2], x[3]);
+    }
+  };
+  stage(dk, smem.k, T::dkv_col_offset(warpgroup), T::dkv_cols(warpgroup), args.softmax_scale);
+  stage(dv, smem.v, T::dv_col_offset(warpgroup), T::dv_cols(warpgroup), 1.0f);
+  fence_view_async_shared();
+  named_barrier_sync(NamedBarrier::kBwdDkvStored, T::kConsumerThreads);
+  if (threadIdx.x == T::kWarpgroupThreads) {
+    const int row = blk.n_block * T::kBlockN;
+#pragma unroll
+    for (int b = 0; b < T::kColBlocks; ++b) {
+      tma_store(&args.dk_map, smem.k + b * T::kBlockN * T::kSwizzleCols, b * T::kSwizzleCols, row,
+                blk.head_kv, blk.q.batch);
+    }
+#pragma unroll
+    for (int b = 0; b < T::kColBlocksV; ++b) {
+      tma_store(&args.dv_map, smem.v + b * T::kBlockN * T::kSwizzleCols, b * T::kSwizzleCols, row,
+                blk.head_kv, blk.q.batch);
+    }
+    tma_store_commit();
+    tma_store_wait_read();
+  }
+}
+
 // This CTA's key block, or false when it has none (varlen: past the last
 // sequence's). In deterministic causal runs the key blocks of a sequence
 // go last first, the order in which they add into dQ (Mainloop::dq_turn),
@@ -221,7 +280,11 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       dv[i] = 0.0f;
     }
     mainloop.compute(warpgroup - 1, dk, dv);
-    store_dkv<T, kVarlen>(args, blk, warpgroup - 1, dk, dv);
+    if (!kVarlen && args.dkv_tma) {
+      store_dkv_tma(smem, args, blk, warpgroup - 1, dk, dv);
+    } else {
+      store_dkv<T, kVarlen>(args, blk, warpgroup - 1, dk, dv);
+    }
   }
 }
 

@@ -22,6 +22,9 @@ struct KernelArgs {
   CUtensorMap dout;  // box (64 cols, kBlockM rows)
   CUtensorMap k;     // box (64 cols, kBlockN rows)
   CUtensorMap v;     // box (64 cols, kBlockN rows)
+  // dK and dV for the TMA store (dkv_tma), box (64 cols, kBlockN rows).
+  CUtensorMap dk_map;
+  CUtensorMap dv_map;
   // dK, dV straight from registers (heads_q == heads_k), strided in elements;
   // or with GQA, fp32 sums into dk_accum / dv_accum (workspace.hpp).
   void* dk;
@@ -46,6 +49,7 @@ struct KernelArgs {
   float softmax_scale;
   float scale_log2;  // softmax_scale * log2(e)
   bool deterministic;
+  bool dkv_tma;  // dK and dV leave through the K and V tiles (kernel.cuh: store_dkv_tma)
   // The masked kernels' window (mask.cuh: causal (kUnbounded, 0), or a
   // sliding window); last, so that the fields above keep their offsets.
   int window_left;

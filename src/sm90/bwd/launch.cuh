@@ -91,6 +91,15 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   }
   args.dk = p.dk;
   args.dv = p.dv;
+  // Dense without GQA, dK and dV leave by TMA where their strides allow a
+  // tensor map (16-byte multiples), else straight from registers.
+  if (!kVarlen && !w.gqa) {
+    const TensorMapShape dk{p.dk, p.dtype, p.batch, p.seqlen_k, p.heads_k, p.headdim, p.dk_stride};
+    const TensorMapShape dv{p.dv, p.dtype, p.batch, p.seqlen_k, p.heads_k, T::kHeadDimV,
+                            p.dv_stride};
+    args.dkv_tma = make_tensor_map(dk, kCols, T::kBlockN, &args.dk_map).ok() &&
+                   make_tensor_map(dv, kCols, T::kBlockN, &args.dv_map).ok();
+  }
   args.dk_stride = p.dk_stride;
   args.dv_stride = p.dv_stride;
   args.dk_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dk_accum) : nullptr;
