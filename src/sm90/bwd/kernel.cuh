@@ -19,7 +19,8 @@ enum class WarpRole { kProducer, kDqWriter, kIdle, kConsumer };
 
 template <class T>
 __device__ void init_barriers(SharedStorage<T>& smem) {
-  smem.kv_full.init(1);
+  smem.k_full.init(1);
+  smem.v_full.init(1);
 #pragma unroll
   for (int s = 0; s < T::kStages; ++s) {
     smem.q_full[s].init(1);  // the producer's arrive_expect_tx

@@ -92,7 +92,8 @@ struct SharedStorage {
   PTiles<T> p;
   alignas(16) float lse_log2[T::kStages][T::kBlockM];
   alignas(16) float dpsum[T::kStages][T::kBlockM];
-  Mbarrier kv_full;
+  Mbarrier k_full;  // K landed (loaded first, then the first Q, then V and the first dO)
+  Mbarrier v_full;
   Mbarrier q_full[T::kStages];  // Q and its rows' log-sum-exps landed
   Mbarrier q_empty[T::kStages];
   Mbarrier do_full[T::kStages];  // dO and its rows' sums landed

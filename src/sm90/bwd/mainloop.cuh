@@ -46,29 +46,36 @@ struct Mainloop {
   int m_begin, m_end;  // the query blocks that see this key block
 
   // ---------------------------------------------------------------- producer (one thread)
+  // K, the first Q, V, the first dO, then the Q and dO rings: the first
+  // step's S^T GEMM waits for K and Q alone. A key block that no query
+  // block sees loads nothing (its consumers wait for nothing).
   __device__ void load_all() {
-    smem.kv_full.arrive_expect_tx(T::kKTileBytes + T::kVTileBytes);
-    constexpr int kBlocks = T::kColBlocks > T::kColBlocksV ? T::kColBlocks : T::kColBlocksV;
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      if (b < T::kColBlocks) {
-        tma_load(&args.k, &smem.kv_full.word, smem.k + b * kBlockN * kSwizzleCols,
-                 b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
-      }
-      if (b < T::kColBlocksV) {
-        tma_load(&args.v, &smem.kv_full.word, smem.v + b * kBlockN * kSwizzleCols,
-                 b * kSwizzleCols, blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
-      }
+    if (m_begin >= m_end) {
+      return;
     }
+    load_kv<T::kColBlocks>(&args.k, smem.k_full, smem.k, T::kKTileBytes);
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
       const int64_t rows = blk.q.ws_row0 + m * kBlockM;
       smem.q_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds it free
       load_rows<T::kColBlocks>(&args.q, smem.q_full[pipe.stage], smem.q[pipe.stage],
                 smem.lse_log2[pipe.stage], args.lse_log2 + rows, m);
+      if (m == m_begin) {
+        load_kv<T::kColBlocksV>(&args.v, smem.v_full, smem.v, T::kVTileBytes);
+      }
       smem.do_empty[pipe.stage].wait(pipe.phase ^ 1u);
       load_rows<T::kColBlocksV>(&args.dout, smem.do_full[pipe.stage], smem.dout[pipe.stage],
                 smem.dpsum[pipe.stage], args.dpsum + rows, m);
+    }
+  }
+  // The CTA's K or V tile (kBlocks column blocks of kBlockN keys).
+  template <int kBlocks>
+  __device__ void load_kv(const CUtensorMap* map, Mbarrier& full, Element* tile, int bytes) {
+    full.arrive_expect_tx(bytes);
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      tma_load(map, &full.word, tile + b * kBlockN * kSwizzleCols, b * kSwizzleCols,
+               blk.k_row0 + blk.n_block * kBlockN, blk.head_kv, blk.q.batch);
     }
   }
   // A Q or dO tile (kBlocks column blocks) of query block m and its rows' statistic.
@@ -443,13 +450,14 @@ struct Mainloop {
     const int key_row0 = T::key_offset(warpgroup) + c.warp * 16 + c.row;  // in the CTA's block
     const uint32_t k_addr = smem_u32(smem.k) + T::key_offset(warpgroup) * kSwizzleRowBytes;
     const uint32_t v_addr = smem_u32(smem.v) + T::key_offset(warpgroup) * kSwizzleRowBytes;
-    smem.kv_full.wait(0);
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
       const int stage = pipe.stage;
       float s[T::kSAccRegs], dp[T::kSAccRegs];
+      smem.k_full.wait(0);  // K and V: loaded once, so done after the first step
       smem.q_full[stage].wait(pipe.phase);
       gemm_transposed_scores<kHeadDim>(k_addr, smem_u32(smem.q[stage]), s);
+      smem.v_full.wait(0);
       smem.do_full[stage].wait(pipe.phase);
       gemm_transposed_scores<T::kHeadDimV>(v_addr, smem_u32(smem.dout[stage]), dp);
 
@@ -515,10 +523,14 @@ struct Mainloop {
   __device__ void compute_split_as(float (&dk)[T::kDkvAccRegs], float (&dv)[T::kDvAccRegs]) {
     const FragmentCoord c = FragmentCoord::current();
     const int key_row0 = c.warp * 16 + c.row;
-    smem.kv_full.wait(0);
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
       const int stage = pipe.stage;
+      // K (S^T, and every dQ GEMM) and V (dP^T): loaded once, so done after the first step.
+      smem.k_full.wait(0);
+      if constexpr (kW == 1) {
+        smem.v_full.wait(0);
+      }
       Element* p_tile = smem.p.tile[(m - m_begin) & 1];
       Element* ds_tile = smem.ds[(m - m_begin) & 1];
       float acc[T::kSAccRegs];
@@ -586,6 +598,9 @@ struct Mainloop {
         fence_operands(dq[rg]);
       }
       finish_step(stage, dq, kW);
+    }
+    if (kW == 0 && m_begin < m_end) {
+      smem.v_full.wait(0);  // V landed before the dK / dV epilogue may write over it
     }
   }
 };
