@@ -57,3 +57,40 @@ def pytest_runtest_teardown(item, nextitem):
         import torch
         gc.collect()
         torch.cuda.empty_cache()
+
+
+# Tensors of a failed test kept for analysis (FLASH3_FA3_DUMP=DIR; scripts/fa3_compat/
+# analyze_dump.py recomputes its gradients in float64).
+DUMPED = ("q_ref", "k_ref", "v_ref", "g", "out", "out_ref", "dq", "dk", "dv", "dq_ref", "dk_ref",
+          "dv_ref", "dq_pt", "dk_pt", "dv_pt", "query_padding_mask", "key_padding_mask",
+          "window_size", "causal", "softcap")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """FLASH3_FA3_DUMP=DIR: a test that fails after its gradients exist leaves the tensors
+    of DUMPED (those it has) in DIR/<test id>.npz, float32 on the CPU; the dtype is the id's."""
+    report = (yield).get_result()
+    out = os.environ.get("FLASH3_FA3_DUMP")
+    if not out or call.when != "call" or not report.failed or call.excinfo is None:
+        return
+    import numpy as np
+    import torch
+    frame, tb = None, call.excinfo.tb
+    while tb is not None:  # the test function's own frame
+        if tb.tb_frame.f_code.co_name == item.originalname:
+            frame = tb.tb_frame.f_locals
+        tb = tb.tb_next
+    if frame is None or "dq" not in frame:
+        return
+    arrays = {}
+    for name in DUMPED:
+        value = frame.get(name)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            arrays[name] = (value.float() if value.is_floating_point() else value).numpy()
+        elif value is not None:
+            arrays[name] = np.array(value)
+    os.makedirs(out, exist_ok=True)
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in item.name)
+    np.savez_compressed(os.path.join(out, f"{name}.npz"), **arrays)
