@@ -222,6 +222,17 @@ __device__ bool block_of(const KernelArgs& args, KeyBlock* blk) {
   return true;
 }
 
+// The CTA's shared storage: in the shared address space, or (Traits::
+// kSharedSpace false) through the generic address of its aligned base.
+template <class T>
+__device__ __forceinline__ SharedStorage<T>& storage() {
+  if constexpr (T::kSharedSpace) {
+    return shared_space_storage<SharedStorage<T>, kSmemAlignSlack>();
+  } else {
+    return aligned_shared_storage<SharedStorage<T>, kSmemAlignSlack>();
+  }
+}
+
 // kLocal: the local variants of the masked kernels (mask.cuh, fwd/traits.cuh).
 template <class T, bool kCausal, bool kVarlen, bool kLocal>
 __global__ void __launch_bounds__(T::kThreads, 1)
@@ -230,7 +241,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   if (!block_of<T, kCausal, kVarlen>(args, &blk)) {
     return;  // the whole CTA, before any barrier
   }
-  SharedStorage<T>& smem = shared_space_storage<SharedStorage<T>, kSmemAlignSlack>();
+  SharedStorage<T>& smem = storage<T>();
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / T::kWarpgroupThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
   const WarpRole role = warpgroup > 0 ? WarpRole::kConsumer

@@ -47,20 +47,24 @@ struct Mainloop {
 
   // ---------------------------------------------------------------- producer (one thread)
   // K, the first Q, V, the first dO, then the Q and dO rings: the first
-  // step's S^T GEMM waits for K and Q alone. A key block that no query
-  // block sees loads nothing (its consumers wait for nothing).
+  // step's S^T GEMM waits for K and Q alone (T::kKFirst; else K and V
+  // first). A key block that no query block sees loads nothing (its
+  // consumers wait for nothing).
   __device__ void load_all() {
     if (m_begin >= m_end) {
       return;
     }
     load_kv<T::kColBlocks>(&args.k, smem.k_full, smem.k, T::kKTileBytes);
+    if constexpr (!T::kKFirst) {
+      load_kv<T::kColBlocksV>(&args.v, smem.v_full, smem.v, T::kVTileBytes);
+    }
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
       const int64_t rows = blk.q.ws_row0 + m * kBlockM;
       smem.q_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds it free
       load_rows<T::kColBlocks>(&args.q, smem.q_full[pipe.stage], smem.q[pipe.stage],
                 smem.lse_log2[pipe.stage], args.lse_log2 + rows, m);
-      if (m == m_begin) {
+      if (T::kKFirst && m == m_begin) {
         load_kv<T::kColBlocksV>(&args.v, smem.v_full, smem.v, T::kVTileBytes);
       }
       smem.do_empty[pipe.stage].wait(pipe.phase ^ 1u);
@@ -147,8 +151,8 @@ struct Mainloop {
                                          float (&acc)[T::kSAccRegs]) {
     fence_operands(acc);
     mma_fence();
-    const auto a = desc_k_major<true>(a_addr);
-    const auto b = desc_k_major<true>(b_addr);
+    const auto a = desc_k_major<T::kSharedSpace>(a_addr);
+    const auto b = desc_k_major<T::kSharedSpace>(b_addr);
 #pragma unroll
     for (int kk = 0; kk < kDim / kMmaK16; ++kk) {
       const int block = kk / (kSwizzleCols / kMmaK16);
@@ -169,7 +173,7 @@ struct Mainloop {
                                      float (&acc)[kAccRegs]) {
     fence_operands(acc);
     mma_fence();
-    const auto b = desc_mn_major<true>(
+    const auto b = desc_mn_major<T::kSharedSpace>(
         b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
     // Head dim 96: the first column block, then the second block's 32.
     constexpr int kWhole = kCols / kSwizzleCols * kSwizzleCols;
@@ -198,8 +202,8 @@ struct Mainloop {
     static_assert(kBlockM == kSwizzleCols, "the tile is one column block wide");
     fence_operands(acc);
     mma_fence();
-    const auto a = desc_k_major<true>(a_addr);
-    const auto b = desc_mn_major<true>(
+    const auto a = desc_k_major<T::kSharedSpace>(a_addr);
+    const auto b = desc_mn_major<T::kSharedSpace>(
         b_addr + (col0 / kSwizzleCols) * kBlockM * kSwizzleRowBytes, kBlockM * kSwizzleRowBytes);
 #pragma unroll
     for (int kk = 0; kk < kBlockM / kMmaK16; ++kk) {
@@ -216,13 +220,13 @@ struct Mainloop {
                                float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
     static_assert(kCols % kSwizzleCols == 0, "whole column blocks");
     mma_fence();
-    const auto b = desc_mn_major<true>(
+    const auto b = desc_mn_major<T::kSharedSpace>(
         smem_u32(smem.k) + (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes,
         kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-      const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
-                                          kBlockN * kSwizzleRowBytes);
+      const auto a = desc_mn_major<T::kSharedSpace>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+                                                    kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
         const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
@@ -259,14 +263,14 @@ struct Mainloop {
       return;
     }
     const int col0 = warpgroup * T::kDqCols;
-    const auto b = desc_mn_major<true>(smem_u32(smem.k) +
-                                            (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes +
-                                            (col0 % kSwizzleCols) * T::kElementBytes,
-                                        kBlockN * kSwizzleRowBytes);
+    const auto b = desc_mn_major<T::kSharedSpace>(
+        smem_u32(smem.k) + (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes +
+            (col0 % kSwizzleCols) * T::kElementBytes,
+        kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-      const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
-                                          kBlockN * kSwizzleRowBytes);
+      const auto a = desc_mn_major<T::kSharedSpace>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+                                                    kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
         const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
@@ -286,11 +290,11 @@ struct Mainloop {
     constexpr int kPart = T::kDqCols - kWhole;
     static_assert(kWhole > 0 && kPart > 0, "whole blocks and a part");
     const int key0 = T::key_offset(warpgroup);
-    const auto b = desc_mn_major<true>(smem_u32(smem.k), kBlockN * kSwizzleRowBytes);
+    const auto b = desc_mn_major<T::kSharedSpace>(smem_u32(smem.k), kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-      const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
-                                          kBlockN * kSwizzleRowBytes);
+      const auto a = desc_mn_major<T::kSharedSpace>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
+                                                    kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kMmaM / kMmaK16; ++kk) {
         const uint32_t step = (key0 + kk * kMmaK16) * kSwizzleRowBytes;

@@ -1,12 +1,20 @@
 // The backward's pre-pass, per (query block, head, batch or sequence): each
-// row's rowsum(dO * O) in fp32 and its log-sum-exp times log2(e) into the
-// workspace's padded row arrays, and the block's fp32 dQ sums zeroed.
+// row's D = rowsum(dO * O) in fp32 and its log-sum-exp times log2(e) into
+// the workspace's padded row arrays, and the block's fp32 dQ sums zeroed.
+//
+// D from the 16-bit out carries out's rounding, and a row that sees few keys
+// has P near 1 at some key, where dS = P (dP - D) subtracts D from a dP of
+// about its size: FlashAttention-3's suite missed its bounds there (seqlen_k
+// 3; design.md, 'Accuracy with few keys'). Such a row's D is taken exactly
+// instead, sum_j P_j dP_j = dO . (out before rounding), from its keys'
+// scores as the main kernel computes them (kExactDKeys).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "sm90/common/fragment.cuh"
+#include "sm90/common/mask.cuh"
 #include "sm90/common/math.cuh"
 #include "sm90/problem.hpp"
 #include "traits.cuh"
@@ -18,6 +26,16 @@ struct PrepassArgs {
   const void* out;
   const void* dout;
   flash3::detail::Strides3 out_stride, dout_stride;  // elements
+  // For the rows that see few keys: q, k, v and the mask and scores as the
+  // main kernel's (KernelArgs).
+  const void* q;
+  const void* k;
+  const void* v;
+  flash3::detail::Strides3 q_stride, k_stride, v_stride;
+  int seqlen_k;
+  int heads_per_kv_head;
+  float softmax_scale, scale_log2, softcap;
+  int window_left, window_right, chunk;  // mask.cuh's (causal: kUnbounded, 0)
   const float* lse;  // (batch, heads_q, seqlen_q), varlen (heads_q, total_q)
   float* lse_log2;   // per query row of the workspace (workspace.hpp)
   float* dpsum;
@@ -31,22 +49,103 @@ struct PrepassArgs {
 };
 
 inline constexpr int kPrepassThreads = 256;
+// A row whose visible keys are at most this many gets D exactly.
+inline constexpr int kExactDKeys = 32;
+
+// acc + the dot product of two 16-byte pieces of 16-bit elements.
+template <class Element>
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc) {
+  const uint32_t x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 u = unpack2<Element>(x[i]), v = unpack2<Element>(y[i]);
+    acc = fmaf(u.x, v.x, fmaf(u.y, v.y, acc));
+  }
+  return acc;
+}
+
+// A row's exact D over its `count` visible keys from `first` (0 for the rows
+// that take D from out): every lane of the warp runs the same steps (the
+// most keys among its rows) for the butterflies; a lane holds its row's
+// 16-byte pieces `part` of q and dO (zeros past their head dims) and reads
+// those of each key's k and v, and returns its part of sum_j P_j dP_j (the
+// caller's butterfly adds them up).
+template <class T, int kThreadsPerRow>
+__device__ __forceinline__ float exact_dpsum_part(const PrepassArgs& args, const QueryRows& q,
+                                                  int row, int head, int k_row0, int first,
+                                                  int count, float lse_log2, const uint4& dout,
+                                                  int part) {
+  using Element = typename T::Element;
+  constexpr int kQPieces = T::kHeadDim / 8, kVPieces = T::kHeadDimV / 8;
+  const int steps = __reduce_max_sync(0xffffffffu, count);
+  if (steps == 0) {
+    return 0.0f;
+  }
+  uint4 qx = {};
+  if (count > 0 && part < kQPieces) {
+    qx = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.q) +
+                                         args.q_stride.offset(q.batch, q.row0 + row, head) +
+                                         part * 8);
+  }
+  const int head_kv = head / args.heads_per_kv_head;
+  const bool capped = args.softcap > 0.0f;
+  const float to_tanh = capped ? args.softmax_scale / args.softcap : 0.0f;
+  const float scale_log2 = capped ? args.softcap * kLog2e : args.scale_log2;
+  float dpsum = 0.0f;
+  for (int j = 0; j < steps; ++j) {
+    float s = 0.0f, dp = 0.0f;
+    const int64_t key = k_row0 + first + j;
+    if (j < count && part < kQPieces) {
+      s = dot8<Element>(qx, *reinterpret_cast<const uint4*>(
+                                static_cast<const Element*>(args.k) +
+                                args.k_stride.offset(q.batch, key, head_kv) + part * 8),
+                        0.0f);
+    }
+    if (j < count && part < kVPieces) {
+      dp = dot8<Element>(dout, *reinterpret_cast<const uint4*>(
+                                   static_cast<const Element*>(args.v) +
+                                   args.v_stride.offset(q.batch, key, head_kv) + part * 8),
+                         0.0f);
+    }
+#pragma unroll
+    for (int lanes = kThreadsPerRow / 2; lanes > 0; lanes /= 2) {
+      s += __shfl_xor_sync(0xffffffffu, s, lanes);
+    }
+    if (j < count) {
+      if (capped) {
+        s = fast_tanh(s * to_tanh);
+      }
+      dpsum = fmaf(fast_exp2(fmaf(s, scale_log2, -lse_log2)), dp, dpsum);
+    }
+  }
+  return dpsum;
+}
 
 // Grid (x, heads_q, batch or sequences): block x takes query blocks x,
 // x + gridDim.x, ... of its sequence (dense: x alone).
 template <class T>
 __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassArgs args) {
   using Element = typename T::Element;
-  // A row's lanes read 16 bytes each of out and dO (head dim kHeadDimV), a
-  // power of two of lanes (their sum is a butterfly over them): head dim
-  // 96's 12 pieces take 16 lanes, 4 idle.
+  // A row's lanes read 16 bytes each of out and dO (head dim kHeadDimV) and,
+  // for an exact D, of q and k (kHeadDim): a power of two of lanes (their
+  // sums are butterflies over them); head dim 96's 12 pieces take 16 lanes,
+  // 4 idle.
   constexpr int kPieces = T::kHeadDimV / 8;
-  constexpr int kThreadsPerRow = kPieces <= 8 ? 8 : kPieces <= 16 ? 16 : 32;
-  static_assert(kPieces * 8 == T::kHeadDimV && kPieces <= 32, "16-byte pieces of a row");
+  constexpr int kAllPieces = T::kHeadDim / 8;  // at least kPieces
+  constexpr int kThreadsPerRow = kAllPieces <= 8 ? 8 : kAllPieces <= 16 ? 16 : 32;
+  static_assert(kPieces * 8 == T::kHeadDimV && kAllPieces * 8 == T::kHeadDim &&
+                    kPieces <= kAllPieces && kAllPieces <= 32,
+                "16-byte pieces of a row");
   constexpr int kRowsPerPass = kPrepassThreads / kThreadsPerRow;
   const int head = static_cast<int>(blockIdx.y);
   const QueryRows q = query_rows(args.varlen, static_cast<int>(blockIdx.z), head, args.heads_q,
                                  args.seqlen_q, args.padded_seqlen_q, T::kBlockM);
+  const SeqRange keys = args.varlen.batch == 0
+                            ? SeqRange{0, args.seqlen_k}
+                            : seq_range(args.varlen.cu_seqlens_k, args.varlen.seqused_k,
+                                        static_cast<int>(blockIdx.z), args.varlen.total_k);
+  const Mask<T::kBlockM, T::kBlockN, true, true> mask{q.length, keys.length, args.window_left,
+                                                      args.window_right, args.chunk};
   const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
   const int m_blocks = (q.length + T::kBlockM - 1) / T::kBlockM;
   // The sinks' gradient: each row's -exp(sink - lse) D, summed per block in order.
@@ -57,31 +156,35 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassA
     for (int r = static_cast<int>(threadIdx.x) / kThreadsPerRow; r < T::kBlockM;
          r += kRowsPerPass) {
       const int row = m_block * T::kBlockM + r;
+      float lse_log2 = INFINITY;  // P = 0: padding, and rows that see no key (+inf)
+      int first = 0, count = 0;   // the visible keys, where few enough for an exact D
+      if (row < q.length) {
+        const float lse = args.lse[q.lse_row0 + row];
+        lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
+        first = max(mask.keys_begin(row), 0);
+        count = min(mask.keys_end(row), keys.length) - first;
+        count = count <= kExactDKeys && lse != -INFINITY ? max(count, 0) : 0;
+      }
       float sum = 0.0f;
+      uint4 d = {};
       if (row < q.length && part < kPieces) {
-        const uint4 o = *reinterpret_cast<const uint4*>(
-            static_cast<const Element*>(args.out) +
-            args.out_stride.offset(q.batch, q.row0 + row, head) + part * 8);
-        const uint4 d = *reinterpret_cast<const uint4*>(
-            static_cast<const Element*>(args.dout) +
-            args.dout_stride.offset(q.batch, q.row0 + row, head) + part * 8);
-        const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, dw[4] = {d.x, d.y, d.z, d.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 of = unpack2<Element>(ow[i]), df = unpack2<Element>(dw[i]);
-          sum = fmaf(of.x, df.x, fmaf(of.y, df.y, sum));
+        d = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.dout) +
+                                            args.dout_stride.offset(q.batch, q.row0 + row, head) +
+                                            part * 8);
+        if (count == 0) {
+          sum = dot8<Element>(*reinterpret_cast<const uint4*>(
+                                  static_cast<const Element*>(args.out) +
+                                  args.out_stride.offset(q.batch, q.row0 + row, head) + part * 8),
+                              d, 0.0f);
         }
       }
+      sum += exact_dpsum_part<T, kThreadsPerRow>(args, q, row, head, keys.begin, first, count,
+                                                 lse_log2, d, part);
 #pragma unroll
       for (int lanes = kThreadsPerRow / 2; lanes > 0; lanes /= 2) {
         sum += __shfl_xor_sync(0xffffffffu, sum, lanes);
       }
       if (part == 0) {
-        float lse_log2 = INFINITY;  // P = 0: padding, and rows that see no key (+inf)
-        if (row < q.length) {
-          const float lse = args.lse[q.lse_row0 + row];
-          lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        }
         args.lse_log2[q.ws_row0 + row] = lse_log2;
         args.dpsum[q.ws_row0 + row] = sum;
         if (args.sink_partials != nullptr) {

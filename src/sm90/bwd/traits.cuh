@@ -23,16 +23,28 @@ namespace flash3::sm90::bwd {
 // Shared memory: K and V (kBlockN x D each), kStages x (Q, dO) tiles of
 // kBlockM x D, two dS^T tiles of kBlockN x kBlockM, the fp32 dQ tile
 // (kBlockM x D), and per stage kBlockM log-sum-exps and dO.O row sums.
+// kSharedSpace: the shared storage kept in the shared address space (LDS /
+//          STS; wgmma descriptors as the tile's plus an offset,
+//          common/shared_memory.cuh), else reached through its generic
+//          address (descriptors made from each address).
+// kKFirst: the producer loads K, the first Q, then V and the first dO, so
+//          that the first S^T GEMM waits for K and Q alone; else K and V
+//          first.
+// Head dim 256 keeps the older pair: on the H100 the shared space cost it
+// 4-11% non-causal and K first 8% causal at 1k, where every other head dim
+// gained (design.md, 'Backward kernel shape').
 template <int kHeadDim>
 struct TileConfig;
 template <>
 struct TileConfig<64> {
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
+  static constexpr bool kSharedSpace = true, kKFirst = true;
 };
 template <>
 struct TileConfig<128> {
   // 32 + 32 KB K, V + 2 x (16 + 16) KB Q, dO + 2 x 16 KB dS + 32 KB dQ = 192 KB.
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
+  static constexpr bool kSharedSpace = true, kKFirst = true;
 };
 template <>
 struct TileConfig<96> : TileConfig<128> {
@@ -45,12 +57,14 @@ struct TileConfig<192> {
   // (Traits::dkv_cols): 24 + 24 KB K, V + 2 x (24 + 24) KB Q, dO + 2 x 8 KB
   // dS + 48 KB dQ + 2 x 8 KB P = 224 KB.
   static constexpr int kBlockM = 64, kBlockN = 64, kStages = 2;
+  static constexpr bool kSharedSpace = true, kKFirst = true;
 };
 template <>
 struct TileConfig<256> {
   // 32 + 32 KB K, V + 1 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 64 KB dQ + 2 x 8
   // KB P = 224 KB: a second Q / dO stage would not fit.
   static constexpr int kBlockM = 64, kBlockN = 64, kStages = 1;
+  static constexpr bool kSharedSpace = false, kKFirst = false;
 };
 
 // kHeadDimV_: v's, dO's and out's head dim, and so dV's (FlashAttention-3's
@@ -64,6 +78,8 @@ struct Traits {
   static constexpr int kBlockM = Config::kBlockM;
   static constexpr int kBlockN = Config::kBlockN;
   static constexpr int kStages = Config::kStages;
+  static constexpr bool kSharedSpace = Config::kSharedSpace;
+  static constexpr bool kKFirst = Config::kKFirst;
   static_assert(kBlockM == block_m(kHeadDim) && kBlockN == block_n(kHeadDim),
                 "workspace.hpp sizes the workspace with these tiles");
 
