@@ -131,10 +131,9 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassA
   // sums are butterflies over them); head dim 96's 12 pieces take 16 lanes,
   // 4 idle.
   constexpr int kPieces = T::kHeadDimV / 8;
-  constexpr int kAllPieces = T::kHeadDim / 8;  // at least kPieces
+  constexpr int kAllPieces = (T::kHeadDim > T::kHeadDimV ? T::kHeadDim : T::kHeadDimV) / 8;
   constexpr int kThreadsPerRow = kAllPieces <= 8 ? 8 : kAllPieces <= 16 ? 16 : 32;
-  static_assert(kPieces * 8 == T::kHeadDimV && kAllPieces * 8 == T::kHeadDim &&
-                    kPieces <= kAllPieces && kAllPieces <= 32,
+  static_assert(kPieces * 8 == T::kHeadDimV && T::kHeadDim % 8 == 0 && kAllPieces <= 32,
                 "16-byte pieces of a row");
   constexpr int kRowsPerPass = kPrepassThreads / kThreadsPerRow;
   const int head = static_cast<int>(blockIdx.y);
