@@ -77,6 +77,15 @@ struct PTiles<T, true> {
   alignas(kSwizzleAtomBytes) typename T::Element tile[2][T::kBlockN * T::kBlockM];
 };
 
+// The dQ tile staged for the dQ writer, in the workspace's thread order;
+// nothing where the consumers add dQ from registers (T::kDqAtomic).
+template <class T, bool = T::kDqAtomic>
+struct DqStaging {
+  alignas(128) float dq[T::kDqTileFloats];
+};
+template <class T>
+struct DqStaging<T, true> {};
+
 template <class T>
 struct SharedStorage {
   using Element = typename T::Element;
@@ -88,7 +97,7 @@ struct SharedStorage {
   // so that a warpgroup writes step i's while the other may still read step
   // i - 1's in its dQ GEMM.
   alignas(kSwizzleAtomBytes) Element ds[2][T::kBlockN * T::kBlockM];
-  alignas(128) float dq[T::kDqTileFloats];  // in the workspace's thread order
+  [[no_unique_address]] DqStaging<T> dq_staging;
   PTiles<T> p;
   alignas(16) float lse_log2[T::kStages][T::kBlockM];
   alignas(16) float dpsum[T::kStages][T::kBlockM];

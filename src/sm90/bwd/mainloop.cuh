@@ -110,7 +110,13 @@ struct Mainloop {
   // Per query block: waits for the consumers' dQ tile, adds it into the
   // workspace (deterministic: after the key blocks before this one, in
   // order), and frees the tile once the bulk operation has read it.
+  // T::kDqAtomic: nothing (the consumers add dQ themselves: add_dq).
   __device__ void write_dq_all() {
+    if constexpr (!T::kDqAtomic) {
+      write_dq_staged();
+    }
+  }
+  __device__ void write_dq_staged() {
     const bool leader = threadIdx.x % 32 == 0;
     if (m_begin < m_end) {
       named_barrier_arrive(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
@@ -123,7 +129,8 @@ struct Mainloop {
         if (args.deterministic) {
           semaphore_wait(sem, turn);
         }
-        bulk_reduce_add_f32(args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim, smem.dq,
+        bulk_reduce_add_f32(args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim,
+                            smem.dq_staging.dq,
                             T::kDqTileFloats * sizeof(float));
         tma_store_commit();
         tma_store_wait_read();
@@ -331,6 +338,53 @@ struct Mainloop {
     }
   }
 
+  // Part w's (a warpgroup's columns') 8-column groups (T::kDkvUneven: the two
+  // parts' differ), and its first float4 chunk in the workspace's order.
+  __device__ static int dq_groups(int part) {
+    return T::kDkvUneven ? T::dq_cols(part) / 8 : T::kDqCols / 8;
+  }
+  __device__ static int dq_base(int part) {
+    return T::kDkvUneven ? T::dq_chunk_base(part) : part * T::dq_chunks(0);
+  }
+
+  // T::kDqAtomic: this warpgroup's dQ added into the workspace's tile of
+  // query block m from registers, each float4 where stage_dq would have put
+  // it (deterministic: after the key blocks before this one, in order).
+  __device__ void add_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup, int m) {
+    static_assert(!T::kDqKeySplit, "the key split adds its partial sums in the staging tile");
+    const bool first = threadIdx.x == T::kWarpgroupThreads;  // the first consumer thread
+    int* sem = args.dq_semaphore + blk.q.ws_row0 / kBlockM + m;
+    const int turn = dq_turn(m);
+    if (args.deterministic) {
+      if (first) {
+        semaphore_wait(sem, turn);
+      }
+      named_barrier_sync(NamedBarrier::kBwdDqTurn, T::kConsumerThreads);
+    }
+    float* tile = args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim;
+    const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
+    const int groups = dq_groups(warpgroup), base = dq_base(warpgroup);
+#pragma unroll
+    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+#pragma unroll
+      for (int c = 0; c < T::kDqAccRegs / 4; ++c) {
+        if (T::kDkvUneven && c >= groups) {
+          continue;
+        }
+        red_add_f32x4(tile + ((base + rg * groups + c) * T::kWarpgroupThreads + t) * 4,
+                      make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2],
+                                  dq[rg][4 * c + 3]));
+      }
+    }
+    if (args.deterministic) {
+      __threadfence();  // every thread's reductions done before the next key block's turn
+      named_barrier_sync(NamedBarrier::kBwdDqTurn, T::kConsumerThreads);
+      if (first) {
+        semaphore_signal(sem, turn + 1);
+      }
+    }
+  }
+
   // This warpgroup's dQ registers into the staging tile, in the workspace's
   // order: float4 chunk c of thread t of part w (a warpgroup's columns) at
   // ((T::dq_chunk_base(w) + c) * 128 + t) * 4, c = row group * (its columns
@@ -340,14 +394,13 @@ struct Mainloop {
   __device__ void stage_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup) {
     const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
     const int part = T::kDqKeySplit ? 0 : warpgroup;  // the warpgroup's columns
-    // Its 8-column groups (T::kDkvUneven: the two parts' differ).
-    const int groups = T::kDkvUneven ? T::dq_cols(part) / 8 : T::kDqCols / 8;
+    const int groups = dq_groups(part);
     const bool add = T::kDqKeySplit && warpgroup == 1;
     if (add) {
       named_barrier_sync(NamedBarrier::kBwdDqPartial, T::kConsumerThreads);
     }
-    float4* staging = reinterpret_cast<float4*>(smem.dq);
-    const int base = T::kDkvUneven ? T::dq_chunk_base(part) : part * T::dq_chunks(0);
+    float4* staging = reinterpret_cast<float4*>(smem.dq_staging.dq);
+    const int base = dq_base(part);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
 #pragma unroll
@@ -431,15 +484,19 @@ struct Mainloop {
   }
 
   // The end of a step: the Q and dO stage released, and this warpgroup's dQ
-  // handed to the dQ writer.
+  // handed to the dQ writer (T::kDqAtomic: added into the workspace).
   __device__ void finish_step(int stage, const float (&dq)[T::kDqRowGroups][T::kDqAccRegs],
-                              int warpgroup) {
+                              int warpgroup, int m) {
     smem.q_empty[stage].arrive();
     smem.do_empty[stage].arrive();
-    named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
-    stage_dq(dq, warpgroup);
-    fence_view_async_shared();
-    named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+    if constexpr (T::kDqAtomic) {
+      add_dq(dq, warpgroup, m);
+    } else {
+      named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+      stage_dq(dq, warpgroup);
+      fence_view_async_shared();
+      named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+    }
   }
 
   // Every query block of the CTA's key block; dk and dv accumulate (dK
@@ -501,7 +558,7 @@ struct Mainloop {
       for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
         fence_operands(dq[rg]);
       }
-      finish_step(stage, dq, warpgroup);
+      finish_step(stage, dq, warpgroup, m);
     }
   }
 
@@ -601,7 +658,7 @@ struct Mainloop {
       for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
         fence_operands(dq[rg]);
       }
-      finish_step(stage, dq, kW);
+      finish_step(stage, dq, kW, m);
     }
     if (kW == 0 && m_begin < m_end) {
       smem.v_full.wait(0);  // V landed before the dK / dV epilogue may write over it

@@ -30,6 +30,10 @@ namespace flash3::sm90::bwd {
 // kKFirst: the producer loads K, the first Q, then V and the first dO, so
 //          that the first S^T GEMM waits for K and Q alone; else K and V
 //          first.
+// kDqAtomic: the consumers add their dQ into the workspace from registers
+//          (vector reductions, red.global.add.v4.f32) instead of staging it
+//          for the dQ writer's bulk reduce-add (FlashAttention-3's head dim
+//          256 adds dQ with atomics too); default false.
 // Head dim 256 keeps the older pair: on the H100 the shared space cost it
 // 4-11% non-causal and K first 8% causal at 1k, where every other head dim
 // gained (design.md, 'Backward kernel shape').
@@ -61,11 +65,22 @@ struct TileConfig<192> {
 };
 template <>
 struct TileConfig<256> {
-  // 32 + 32 KB K, V + 1 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 64 KB dQ + 2 x 8
-  // KB P = 224 KB: a second Q / dO stage would not fit.
-  static constexpr int kBlockM = 64, kBlockN = 64, kStages = 1;
-  static constexpr bool kSharedSpace = false, kKFirst = false;
+  // dQ added from registers (kDqAtomic), so that a second Q / dO stage fits:
+  // 32 + 32 KB K, V + 2 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 2 x 8 KB P =
+  // 224 KB (a staged dQ tile, 64 KB, left one stage).
+  static constexpr int kBlockM = 64, kBlockN = 64, kStages = 2;
+  static constexpr bool kSharedSpace = false, kKFirst = false, kDqAtomic = true;
 };
+
+// Config::kDqAtomic where the configuration names it, else false.
+template <class Config>
+constexpr bool dq_atomic(decltype(Config::kDqAtomic)) {
+  return Config::kDqAtomic;
+}
+template <class Config>
+constexpr bool dq_atomic(...) {
+  return false;
+}
 
 // kHeadDimV_: v's, dO's and out's head dim, and so dV's (FlashAttention-3's
 // dv); q's, k's, dQ's and dK's is kHeadDim_.
@@ -80,6 +95,7 @@ struct Traits {
   static constexpr int kStages = Config::kStages;
   static constexpr bool kSharedSpace = Config::kSharedSpace;
   static constexpr bool kKFirst = Config::kKFirst;
+  static constexpr bool kDqAtomic = dq_atomic<Config>(0);
   static_assert(kBlockM == block_m(kHeadDim) && kBlockN == block_n(kHeadDim),
                 "workspace.hpp sizes the workspace with these tiles");
 
