@@ -489,6 +489,10 @@ struct Mainloop {
                               int warpgroup, int m) {
     smem.q_empty[stage].arrive();
     smem.do_empty[stage].arrive();
+    hand_off_dq(dq, warpgroup, m);
+  }
+  __device__ void hand_off_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup,
+                              int m) {
     if constexpr (T::kDqAtomic) {
       add_dq(dq, warpgroup, m);
     } else {
@@ -643,6 +647,28 @@ struct Mainloop {
       float dq[T::kDqRowGroups][T::kDqAccRegs];
       if constexpr (T::kDkvUneven) {  // each warpgroup's parts of its own sizes
         split_gemms<kW>(stage, p_tile, ds_tile, dk, dv, dq);
+      } else if constexpr (T::kDkLast) {
+        // dV, dQ, then dK: dQ's hand-off (kDqAtomic: its reductions) runs
+        // under dK's GEMM, and Q's stage is released after it.
+        gemm_accumulate_kv_from_tile<T::kDvCols>(smem_u32(p_tile), smem_u32(smem.dout[stage]),
+                                                 T::dv_col_offset(kW), dv);
+        mma_commit();
+        gemm_dq(smem_u32(ds_tile), kW, dq);
+        gemm_accumulate_kv_from_tile<T::kDkvCols>(smem_u32(ds_tile), smem_u32(smem.q[stage]),
+                                                  T::dkv_col_offset(kW), dk);
+        mma_commit();
+        mma_wait<1>();  // dV, dQ
+        fence_operands(dv);
+#pragma unroll
+        for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+          fence_operands(dq[rg]);
+        }
+        smem.do_empty[stage].arrive();
+        hand_off_dq(dq, kW, m);
+        mma_wait<0>();
+        fence_operands(dk);
+        smem.q_empty[stage].arrive();
+        continue;
       } else {
         gemm_accumulate_kv_from_tile<T::kDvCols>(smem_u32(p_tile), smem_u32(smem.dout[stage]),
                                                  T::dv_col_offset(kW), dv);

@@ -69,7 +69,7 @@ struct TileConfig<256> {
   // 32 + 32 KB K, V + 2 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 2 x 8 KB P =
   // 224 KB (a staged dQ tile, 64 KB, left one stage).
   static constexpr int kBlockM = 64, kBlockN = 64, kStages = 2;
-  static constexpr bool kSharedSpace = false, kKFirst = false, kDqAtomic = true;
+  static constexpr bool kSharedSpace = false, kKFirst = false, kDqAtomic = true, kDkLast = true;
 };
 
 // Config::kDqAtomic where the configuration names it, else false.
@@ -79,6 +79,17 @@ constexpr bool dq_atomic(decltype(Config::kDqAtomic)) {
 }
 template <class Config>
 constexpr bool dq_atomic(...) {
+  return false;
+}
+
+// Config::kDkLast (a step's dK GEMM after its dQ GEMM, dQ's hand-off under
+// it; kDimSplit kernels) where the configuration names it, else false.
+template <class Config>
+constexpr bool dk_last(decltype(Config::kDkLast)) {
+  return Config::kDkLast;
+}
+template <class Config>
+constexpr bool dk_last(...) {
   return false;
 }
 
@@ -96,6 +107,7 @@ struct Traits {
   static constexpr bool kSharedSpace = Config::kSharedSpace;
   static constexpr bool kKFirst = Config::kKFirst;
   static constexpr bool kDqAtomic = dq_atomic<Config>(0);
+  static constexpr bool kDkLast = dk_last<Config>(0);
   static_assert(kBlockM == block_m(kHeadDim) && kBlockN == block_n(kHeadDim),
                 "workspace.hpp sizes the workspace with these tiles");
 
