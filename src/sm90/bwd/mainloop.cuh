@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel_args.cuh"
 #include "sm90/common/fragment.cuh"
@@ -153,10 +154,17 @@ struct Mainloop {
   // acc (64 keys x kBlockM queries) = A (this warpgroup's 64 rows of K or V)
   // times B^T (Q or dO): both K-major, reducing over kDim (the head dim, or
   // for V and dO kHeadDimV).
-  template <int kDim>
+  // kInFlight: issued while other GEMMs of this warpgroup are in flight
+  // (T::kScoresAhead), so acc takes no fence before it: ptxas serialises
+  // every wgmma when a non-wgmma instruction defines an accumulator between
+  // a wgmma's issue and its wait (C7515); the GEMM's own operands order it
+  // after acc's last reads.
+  template <int kDim, bool kInFlight = false>
   __device__ void gemm_transposed_scores(uint32_t a_addr, uint32_t b_addr,
                                          float (&acc)[T::kSAccRegs]) {
-    fence_operands(acc);
+    if constexpr (!kInFlight) {
+      fence_operands(acc);
+    }
     mma_fence();
     const auto a = desc_k_major<T::kSharedSpace>(a_addr);
     const auto b = desc_k_major<T::kSharedSpace>(b_addr);
@@ -483,24 +491,30 @@ struct Mainloop {
     }
   }
 
-  // The end of a step: the Q and dO stage released, and this warpgroup's dQ
-  // handed to the dQ writer (T::kDqAtomic: added into the workspace).
+  // This warpgroup's dQ handed to the dQ writer (T::kDqAtomic: added into
+  // the workspace from registers); staged(): what the warpgroup does once dQ
+  // is staged, before the hand-off's fence and arrive (kScoresAhead: the
+  // next S^T).
+  template <class Staged = void (*)()>
+  __device__ void hand_off_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup,
+                              int m, Staged staged = [] {}) {
+    if constexpr (T::kDqAtomic) {
+      add_dq(dq, warpgroup, m);
+      staged();
+    } else {
+      named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+      stage_dq(dq, warpgroup);
+      staged();
+      fence_view_async_shared();
+      named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+    }
+  }
+  // The end of a step: the Q and dO stage released, and dQ handed over.
   __device__ void finish_step(int stage, const float (&dq)[T::kDqRowGroups][T::kDqAccRegs],
                               int warpgroup, int m) {
     smem.q_empty[stage].arrive();
     smem.do_empty[stage].arrive();
     hand_off_dq(dq, warpgroup, m);
-  }
-  __device__ void hand_off_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup,
-                              int m) {
-    if constexpr (T::kDqAtomic) {
-      add_dq(dq, warpgroup, m);
-    } else {
-      named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
-      stage_dq(dq, warpgroup);
-      fence_view_async_shared();
-      named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
-    }
   }
 
   // Every query block of the CTA's key block; dk and dv accumulate (dK
@@ -516,12 +530,26 @@ struct Mainloop {
     const uint32_t k_addr = smem_u32(smem.k) + T::key_offset(warpgroup) * kSwizzleRowBytes;
     const uint32_t v_addr = smem_u32(smem.v) + T::key_offset(warpgroup) * kSwizzleRowBytes;
     Pipeline pipe;
-    for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
+    float s[T::kSAccRegs];
+    if constexpr (T::kScoresAhead) {  // the first step's S^T
+      if (m_begin >= m_end) {
+        return;
+      }
+      smem.k_full.wait(0);
+      smem.q_full[pipe.stage].wait(pipe.phase);
+      gemm_transposed_scores<kHeadDim>(k_addr, smem_u32(smem.q[pipe.stage]), s);
+    }
+    // kScoresAhead: the loop ends at the last step's break alone, so that no
+    // path leaves it with the next S^T in flight (ptxas then serialises the
+    // wgmmas: C7514, C7517).
+    for (int m = m_begin; T::kScoresAhead || m < m_end; ++m, pipe.advance()) {
       const int stage = pipe.stage;
-      float s[T::kSAccRegs], dp[T::kSAccRegs];
-      smem.k_full.wait(0);  // K and V: loaded once, so done after the first step
-      smem.q_full[stage].wait(pipe.phase);
-      gemm_transposed_scores<kHeadDim>(k_addr, smem_u32(smem.q[stage]), s);
+      float dp[T::kSAccRegs];
+      if constexpr (!T::kScoresAhead) {
+        smem.k_full.wait(0);  // K and V: loaded once, so done after the first step
+        smem.q_full[stage].wait(pipe.phase);
+        gemm_transposed_scores<kHeadDim>(k_addr, smem_u32(smem.q[stage]), s);
+      }
       smem.v_full.wait(0);
       smem.do_full[stage].wait(pipe.phase);
       gemm_transposed_scores<T::kHeadDimV>(v_addr, smem_u32(smem.dout[stage]), dp);
@@ -543,9 +571,16 @@ struct Mainloop {
       }
       gemm_accumulate_kv<T::kDvCols>(p16, smem_u32(smem.dout[stage]), T::dv_col_offset(warpgroup),
                                      dv);
-      gemm_accumulate_kv<T::kDkvCols>(ds16, smem_u32(smem.q[stage]), T::dkv_col_offset(warpgroup),
-                                      dk);
-      mma_commit();
+      const auto gemm_dk = [&] {
+        gemm_accumulate_kv<T::kDkvCols>(ds16, smem_u32(smem.q[stage]),
+                                        T::dkv_col_offset(warpgroup), dk);
+        mma_commit();
+      };
+      if constexpr (!T::kDkLast) {
+        gemm_dk();
+      } else {
+        mma_commit();
+      }
 
       Element* ds_tile = smem.ds[(m - m_begin) & 1];
       store_tile(ds16, ds_tile, key_row0);
@@ -553,16 +588,50 @@ struct Mainloop {
       named_barrier_sync(NamedBarrier::kBwdDsReady, T::kConsumerThreads);
       float dq[T::kDqRowGroups][T::kDqAccRegs];
       gemm_dq(smem_u32(ds_tile), warpgroup, dq);
-      mma_wait<0>();
+      // T::kDkLast: dK's GEMM after dQ's, so that dQ's hand-off runs under it.
+      if constexpr (T::kDkLast) {
+        gemm_dk();
+        mma_wait<1>();  // dV, dQ
+      } else {
+        mma_wait<0>();
+        fence_operands(dk);
+        fence_operands(ds16);
+        smem.q_empty[stage].arrive();
+      }
       fence_operands(dv);
-      fence_operands(dk);
       fence_operands(p16);
-      fence_operands(ds16);
 #pragma unroll
       for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
         fence_operands(dq[rg]);
       }
-      finish_step(stage, dq, warpgroup, m);
+      smem.do_empty[stage].arrive();
+      // kDkLast: the step's last GEMM (dK) done, but (kNext) the next S^T.
+      const auto release_q = [&](auto next) {
+        if constexpr (T::kDkLast) {
+          mma_wait<decltype(next)::value ? 1 : 0>();
+          fence_operands(dk);
+          fence_operands(ds16);
+          smem.q_empty[stage].arrive();
+        }
+      };
+      if (!T::kScoresAhead || m + 1 == m_end) {
+        hand_off_dq(dq, warpgroup, m);
+        release_q(std::false_type{});
+        if (T::kScoresAhead) {
+          break;
+        }
+        continue;
+      }
+      // kScoresAhead: the next step's S^T GEMM issued once dQ is staged (its
+      // registers free), so that it runs while this warpgroup hands dQ
+      // over and the next step waits for dO.
+      hand_off_dq(dq, warpgroup, m, [&] {
+        Pipeline next = pipe;
+        next.advance();
+        smem.q_full[next.stage].wait(next.phase);
+        gemm_transposed_scores<kHeadDim, true>(k_addr, smem_u32(smem.q[next.stage]), s);
+      });
+      release_q(std::true_type{});
     }
   }
 

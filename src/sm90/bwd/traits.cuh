@@ -33,22 +33,34 @@ namespace flash3::sm90::bwd {
 // kDqAtomic: the consumers add their dQ into the workspace from registers
 //          (vector reductions, red.global.add.v4.f32) instead of staging it
 //          for the dQ writer's bulk reduce-add (FlashAttention-3's head dim
-//          256 adds dQ with atomics too); default false.
-// Head dim 256 keeps the older pair: on the H100 the shared space cost it
-// 4-11% non-causal and K first 8% causal at 1k, where every other head dim
-// gained (design.md, 'Backward kernel shape').
+//          256 adds dQ with atomics too).
+// kScoresAhead: a step issues the next step's S^T GEMM once its dQ is
+//          staged, so that the GEMM runs while the warpgroup hands dQ over
+//          and the next step waits for dO (non-split kernels).
+// kDkLast: a step's dK GEMM issued after its dQ GEMM (FlashAttention-3's
+//          order), so that dQ's hand-off runs under it; Q's stage is
+//          released after it.
+// Measured (H100, same process, scripts/bench-ab, design.md 'Backward
+// step order'): head dim 64 takes kScoresAhead, 128 (and 96) kDkLast, 256
+// kDqAtomic and kDkLast; both switches together spill (64) or serialise
+// the wgmmas (128: C7512). Head dim 256 keeps the older storage pair: on
+// the H100 the shared space cost it 4-11% non-causal and K first 8% causal
+// at 1k, where every other head dim gained (design.md, 'Backward kernel
+// shape').
 template <int kHeadDim>
 struct TileConfig;
 template <>
 struct TileConfig<64> {
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
-  static constexpr bool kSharedSpace = true, kKFirst = true;
+  static constexpr bool kSharedSpace = true, kKFirst = true, kDqAtomic = false;
+  static constexpr bool kScoresAhead = true, kDkLast = false;
 };
 template <>
 struct TileConfig<128> {
   // 32 + 32 KB K, V + 2 x (16 + 16) KB Q, dO + 2 x 16 KB dS + 32 KB dQ = 192 KB.
   static constexpr int kBlockM = 64, kBlockN = 128, kStages = 2;
-  static constexpr bool kSharedSpace = true, kKFirst = true;
+  static constexpr bool kSharedSpace = true, kKFirst = true, kDqAtomic = false;
+  static constexpr bool kScoresAhead = false, kDkLast = true;
 };
 template <>
 struct TileConfig<96> : TileConfig<128> {
@@ -61,7 +73,8 @@ struct TileConfig<192> {
   // (Traits::dkv_cols): 24 + 24 KB K, V + 2 x (24 + 24) KB Q, dO + 2 x 8 KB
   // dS + 48 KB dQ + 2 x 8 KB P = 224 KB.
   static constexpr int kBlockM = 64, kBlockN = 64, kStages = 2;
-  static constexpr bool kSharedSpace = true, kKFirst = true;
+  static constexpr bool kSharedSpace = true, kKFirst = true, kDqAtomic = false;
+  static constexpr bool kScoresAhead = false, kDkLast = false;
 };
 template <>
 struct TileConfig<256> {
@@ -69,29 +82,9 @@ struct TileConfig<256> {
   // 32 + 32 KB K, V + 2 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 2 x 8 KB P =
   // 224 KB (a staged dQ tile, 64 KB, left one stage).
   static constexpr int kBlockM = 64, kBlockN = 64, kStages = 2;
-  static constexpr bool kSharedSpace = false, kKFirst = false, kDqAtomic = true, kDkLast = true;
+  static constexpr bool kSharedSpace = false, kKFirst = false, kDqAtomic = true;
+  static constexpr bool kScoresAhead = false, kDkLast = true;
 };
-
-// Config::kDqAtomic where the configuration names it, else false.
-template <class Config>
-constexpr bool dq_atomic(decltype(Config::kDqAtomic)) {
-  return Config::kDqAtomic;
-}
-template <class Config>
-constexpr bool dq_atomic(...) {
-  return false;
-}
-
-// Config::kDkLast (a step's dK GEMM after its dQ GEMM, dQ's hand-off under
-// it; kDimSplit kernels) where the configuration names it, else false.
-template <class Config>
-constexpr bool dk_last(decltype(Config::kDkLast)) {
-  return Config::kDkLast;
-}
-template <class Config>
-constexpr bool dk_last(...) {
-  return false;
-}
 
 // kHeadDimV_: v's, dO's and out's head dim, and so dV's (FlashAttention-3's
 // dv); q's, k's, dQ's and dK's is kHeadDim_.
@@ -106,8 +99,9 @@ struct Traits {
   static constexpr int kStages = Config::kStages;
   static constexpr bool kSharedSpace = Config::kSharedSpace;
   static constexpr bool kKFirst = Config::kKFirst;
-  static constexpr bool kDqAtomic = dq_atomic<Config>(0);
-  static constexpr bool kDkLast = dk_last<Config>(0);
+  static constexpr bool kDqAtomic = Config::kDqAtomic;
+  static constexpr bool kScoresAhead = Config::kScoresAhead;
+  static constexpr bool kDkLast = Config::kDkLast;
   static_assert(kBlockM == block_m(kHeadDim) && kBlockN == block_n(kHeadDim),
                 "workspace.hpp sizes the workspace with these tiles");
 
@@ -213,6 +207,7 @@ struct Traits {
                 "a warpgroup's dQ columns are whole swizzle blocks or within one");
   static_assert(!kDqKeySplit || kKeyWarpgroups == 2, "the key split adds two partial sums");
   static_assert(kDqAccRegs % 4 == 0, "dQ leaves in float4 chunks");
+  static_assert(!(kDimSplit && kScoresAhead), "compute_split issues no S^T ahead");
 };
 
 }  // namespace flash3::sm90::bwd
