@@ -25,6 +25,7 @@ scales, randomized Hadamard transform) and returns the input dtype.
 """
 import torch
 
+from . import _window_ops
 from ._ops import ops
 
 __all__ = [
@@ -59,6 +60,17 @@ def _window(window_size):
     side; its entries may be 0-d tensors, as FA3's tests pass them."""
     left, right = window_size
     return (-1 if left is None else int(left)), (-1 if right is None else int(right))
+
+
+def _window_tensor(window_size):
+    """window_size as one int64 CPU tensor (left, right) when it is a tensor or holds tensors
+    (FlashAttention-3's tests pass torch.randint(0, seqlen_k, (2,))), else None."""
+    if isinstance(window_size, torch.Tensor):
+        return window_size.to(device="cpu", dtype=torch.int64).reshape(2)
+    if any(isinstance(side, torch.Tensor) for side in window_size):
+        return torch.stack([torch.as_tensor(-1 if side is None else side).to("cpu", torch.int64).reshape(())
+                            for side in window_size])
+    return None
 
 
 def _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale):
@@ -253,8 +265,14 @@ def flash_attn_varlen_func(
     Differentiable; deterministic=True makes the gradients bitwise repeatable."""
     if qv is not None or sm_margin != 0 or softmax_scale == 0.0:
         _refuse_unsupported(qv, num_splits, sm_margin, softmax_scale)
-    window_left, window_right = _window(window_size)
     _refuse_given(("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+    window = _window_tensor(window_size)
+    if window is not None:  # read where the operator runs, not while torch traces this call
+        out, softmax_lse = _window_ops.fwd_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal, seqused_q,
+            seqused_k, deterministic, window, attention_chunk, softcap)
+        return (out, softmax_lse) if return_attn_probs else out
+    window_left, window_right = _window(window_size)
     out, softmax_lse = ops.fwd_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, softmax_scale, causal,
                                       seqused_q, seqused_k, deterministic, window_left, window_right,
                                       attention_chunk, softcap)

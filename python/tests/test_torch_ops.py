@@ -758,3 +758,46 @@ def test_sinks_match_a_float32_attention(causal):
     want, _ = _attention_with_sinks(q, k, v, trained, causal)
     (want_dsinks,) = torch.autograd.grad(want, (trained,), g.float())
     torch.testing.assert_close(dsinks, want_dsinks, atol=5e-2, rtol=5e-2)
+
+
+def test_window_given_as_a_tensor_needs_no_value_while_traced():
+    # FlashAttention-3's varlen tests pass window_size = torch.randint(0, seqlen_k, (2,)): traced
+    # with fake tensors (torch.compile, AOT autograd), its value is unknown, so the operators
+    # that take it (flash3_window::*) read it only where they run.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(100, 8, 128, dtype=torch.bfloat16)
+        k = torch.empty(300, 2, 128, dtype=torch.bfloat16)
+        cu = torch.empty(3, dtype=torch.int32)
+        window = torch.empty(2, dtype=torch.int64)
+        out, lse = fai.flash_attn_varlen_func(q, k, k, cu, cu, 100, 300, window_size=window,
+                                              return_attn_probs=True)
+        assert out.shape == q.shape and lse.shape == (8, 100)
+        out2 = fai.flash_attn_varlen_func(q, k, k, cu, cu, 100, 300,
+                                          window_size=(window[0], window[1]))
+        assert out2.shape == q.shape
+
+
+@requires_hopper
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_tensor_matches_ints_and_passes_the_autograd_check(causal):
+    torch.manual_seed(0)
+    lengths = [77, 200, 1]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    total = int(cu[-1])
+    make = lambda h: torch.randn(total, h, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = make(4), make(2), make(2)
+    dout = torch.randn(total, 4, 128, device="cuda", dtype=torch.bfloat16)
+    window = torch.tensor([30, 5])
+    args = (q, k, v, cu, cu, max(lengths), max(lengths))
+    results = []
+    for window_size in ((30, 5), window, (window[0], window[1])):
+        out = fai.flash_attn_varlen_func(*args, causal=causal, window_size=window_size)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), dout)))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+    from torch.testing._internal.optests import aot_autograd_check
+    kwargs = dict(causal=causal, window_size=window)
+    for dynamic in (False, True):
+        aot_autograd_check(fai.flash_attn_varlen_func, args, kwargs, dynamic=dynamic)
