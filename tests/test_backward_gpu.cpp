@@ -131,20 +131,23 @@ TEST_P(BackwardSweep, SlidingWindows) {
   }
 }
 
-// v, out, dout and dv of head dim 128 beside q and k of 192 (DeepSeek's
-// (192, 128), FlashAttention-3's dv != d): unequal lengths, GQA and MQA,
-// causal or not, both dtypes; then deterministic. GQA's dV rows (batch x
-// heads_k x keys) a multiple of 4 and not: 1 x 6 / 1 x 3, 3 x 6 / 2 x 203.
-class BackwardValueHeadDim : public HopperTest {};
+// v, out, dout and dv of a head dim of their own (FlashAttention-3's dv !=
+// d): 128 beside q and k of 192 (DeepSeek's (192, 128)), 256 beside 64.
+// Unequal lengths, GQA and MQA, causal or not, both dtypes; then
+// deterministic. GQA's dV rows (batch x heads_k x keys) a multiple of 4 and
+// not: 1 x 6 / 1 x 3, 3 x 6 / 2 x 203.
+class BackwardValueHeadDim : public HopperTest,
+                             public ::testing::WithParamInterface<std::pair<int, int>> {};
 
-TEST_F(BackwardValueHeadDim, V128Beside192) {
+TEST_P(BackwardValueHeadDim, MatchesTheReference) {
+  const auto [headdim, headdim_v] = GetParam();
   const std::vector<Dims> dims = {{2, 300, 411, 4, 2}, {1, 1000, 1000, 2, 2}, {3, 129, 64, 8, 1},
                                   {1, 1, 3, 2, 2},     {1, 1, 3, 6, 1},       {3, 113, 203, 6, 2}};
   for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
     for (const Dims& d : dims) {
       for (bool causal : {false, true}) {
-        BackwardCase c = make_case(dtype, 192, d, causal);
-        c.forward.shape.headdim_v = 128;
+        BackwardCase c = make_case(dtype, headdim, d, causal);
+        c.forward.shape.headdim_v = headdim_v;
         SCOPED_TRACE(c.name());
         expect_gradients_match_reference(c);
         if (HasFatalFailure() || IsSkipped()) {
@@ -153,11 +156,18 @@ TEST_F(BackwardValueHeadDim, V128Beside192) {
       }
     }
   }
-  BackwardCase c = make_case(DType::kBFloat16, 192, {2, 777, 777, 8, 2}, true);
-  c.forward.shape.headdim_v = 128;
+  BackwardCase c = make_case(DType::kBFloat16, headdim, {2, 777, 777, 8, 2}, true);
+  c.forward.shape.headdim_v = headdim_v;
   c.deterministic = true;
   expect_gradients_match_reference(c);
 }
+
+INSTANTIATE_TEST_SUITE_P(Pairs, BackwardValueHeadDim,
+                         ::testing::Values(std::pair{192, 128}, std::pair{64, 256}),
+                         [](const auto& info) {
+                           return "D" + std::to_string(info.param.first) + "V" +
+                                  std::to_string(info.param.second);
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Kernels, BackwardSweep,
                          ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
@@ -211,6 +221,13 @@ class SanitizeBackward : public HopperTest {};
 TEST_F(SanitizeBackward, Bf16D192V128GqaCausal) {
   BackwardCase c = make_case(DType::kBFloat16, 192, {2, 200, 333, 4, 2}, true);
   c.forward.shape.headdim_v = 128;
+  expect_gradients_match_reference(c);
+}
+
+// (64, 256): warpgroup 0 holds all of dK, warpgroup 1 all of dQ; GQA.
+TEST_F(SanitizeBackward, Fp16D64V256Gqa) {
+  BackwardCase c = make_case(DType::kFloat16, 64, {2, 200, 333, 4, 2}, false);
+  c.forward.shape.headdim_v = 256;
   expect_gradients_match_reference(c);
 }
 

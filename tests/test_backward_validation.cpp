@@ -149,6 +149,21 @@ void set_v128_beside_q192(P& p) {
   }
 }
 
+// FlashAttention-3's (64, 256): v, out, dout, dv of head dim 256 beside q's 64,
+// with the workspace its v needs.
+void set_v256_beside_q64(P& p) {
+  set_headdim_all(p, 64);
+  for (Tensor* t : {&p.v, &p.dv}) {
+    set_dims(*t, P::kBatch, P::kSeqlenK, P::kHeadsK, 256);
+  }
+  for (Tensor* t : {&p.out, &p.dout}) {
+    set_dims(*t, P::kBatch, P::kSeqlenQ, P::kHeadsQ, 256);
+  }
+  size_t bytes = 0;
+  ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.v, p.options, &bytes).ok());
+  p.options.workspace_bytes = bytes;
+}
+
 // Every tensor (and softmax_lse) at an address far from the others, so that
 // huge shapes stay apart; no workspace.
 void spread_far_apart(P& p) {
@@ -262,10 +277,7 @@ const InvalidBackwardCase kCases[] = {
      "v.shape[0] (batch) = 1 differs from q's 2"},
     {"VHeadDimOfItsOwn", [](P& p) { set_dims(p.v, 2, 16, 2, 128); }, Code::kUnsupported,
      "v.shape[3] (headdim) = 128 differs from q's 64; in the backward, v's head dim beside q's 64 "
-     "must be one of 64"},
-    // (64, 256) has a forward but no backward.
-    {"V256BesideQ64", [](P& p) { set_dims(p.v, 2, 16, 2, 256); }, Code::kUnsupported,
-     "in the backward, v's head dim beside q's 64 must be one of 64"},
+     "must be one of 64, 256"},
     // v of head dim 128 beside q's 192 (dv != d): out and dout take v's head dim, dv v's shape.
     {"DoutOfQsHeadDimBesideV128",
      [](P& p) {
@@ -459,6 +471,7 @@ INSTANTIATE_TEST_SUITE_P(
         [](P& p) { set_headdim_all(p, 128); },
         [](P& p) { set_headdim_all(p, 256); },
         [](P& p) { set_v128_beside_q192(p); },  // dv != d
+        [](P& p) { set_v256_beside_q64(p); },
         [](P& p) { set_k_side(p, P::kBatch, P::kSeqlenK, P::kHeadsQ, P::kHeadDim); },  // MHA
         [](P& p) { set_k_side(p, P::kBatch, P::kSeqlenK, 1, P::kHeadDim); },           // MQA
         [](P& p) { set_k_side(p, P::kBatch, 3, P::kHeadsK, P::kHeadDim); },  // seqlen_k < q
@@ -634,6 +647,47 @@ TEST(BackwardWorkspaceSize, IsWhatBackwardNeeds) {
   p.options.workspace_bytes = bytes;
   expect_passes_validation(p.call());
   EXPECT_TRUE(p.untouched());
+}
+
+// v wider than q ((64, 256)) needs the overload that takes v: its GQA dV
+// sums are of v's head dim (and its tiles 256's), so where they outweigh the
+// smaller tiles' padding the size for v of q's head dim falls short and
+// backward() refuses it; v narrower ((192, 128)) needs no more than q's.
+TEST(BackwardWorkspaceSize, TakesVsHeadDim) {
+  P p;
+  set_q_side(p, 1, 64, 2, 64);  // 64 rows: no tile padding; GQA 2 / 1
+  set_k_side(p, 1, 64, 1, 256);
+  set_dims(p.k, 1, 64, 1, 64);
+  set_dims(p.dk, 1, 64, 1, 64);
+  for (Tensor* t : {&p.out, &p.dout}) {
+    set_dims(*t, 1, 64, 2, 256);
+  }
+  size_t with_v = 0, without_v = 0;
+  ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.v, p.options, &with_v).ok());
+  ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.options, &without_v).ok());
+  EXPECT_GT(with_v, without_v);
+  p.options.workspace_bytes = without_v;
+  const Status s = p.call();
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "is less than the " + std::to_string(with_v) + " bytes",
+                      s.message);
+  p.options.workspace_bytes = with_v;
+  expect_passes_validation(p.call());
+  EXPECT_TRUE(p.untouched());
+
+  P narrow;
+  set_v128_beside_q192(narrow);
+  ASSERT_TRUE(
+      flash3::backward_workspace_size(narrow.q, narrow.k, narrow.v, narrow.options, &with_v).ok());
+  ASSERT_TRUE(flash3::backward_workspace_size(narrow.q, narrow.k, narrow.options, &without_v).ok());
+  EXPECT_LT(with_v, without_v);
+
+  // v's head dim is checked as backward() checks it.
+  set_dims(p.v, 1, 64, 1, 128);
+  const Status refused = flash3::backward_workspace_size(p.q, p.k, p.v, p.options, &with_v);
+  EXPECT_EQ(refused.code, Code::kUnsupported);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "v's head dim beside q's 64 must be one of 64, 256",
+                      refused.message);
 }
 
 // Only the shapes and options.deterministic count: options.workspace (and

@@ -139,7 +139,8 @@ void expect_query_rows_apart(const std::vector<int>& cu, const std::vector<int>&
   namespace bwd = flash3::sm90::bwd;
   const int batch = static_cast<int>(cu.size()) - 1;
   const int total = cu.back() < 0 ? 0 : cu.back();
-  const auto w = bwd::WorkspaceLayout::of(1, total, total, heads, heads, headdim, false, batch);
+  const auto w = bwd::WorkspaceLayout::of(1, total, total, heads, heads, headdim, headdim, false,
+                                          batch);
   const int block_m = w.block_m;
   const flash3::sm90::VarlenSequences varlen{cu.data(), cu.data(), used.empty() ? nullptr : used.data(),
                                              nullptr, nullptr, batch, total, total};

@@ -202,8 +202,9 @@ typedef struct flash3_backward_args {
 flash3_status flash3_backward(const flash3_backward_args* args, cudaStream_t stream);
 
 /* The workspace flash3_backward needs, in *bytes, for the shapes of args->q and
- * args->k and for args->deterministic (the other fields are ignored). Host only:
- * needs no GPU. */
+ * args->k, args->v's head dim where it is set (shape[3] > 0; needed when v is
+ * wider than q, (64, 256)) and args->deterministic (the other fields are
+ * ignored). Host only: needs no GPU. */
 flash3_status flash3_backward_workspace_size(const flash3_backward_args* args, size_t* bytes);
 
 /* flash3_backward on a packed variable-length batch (flash3.hpp:
@@ -223,7 +224,8 @@ flash3_status flash3_backward_varlen(const flash3_backward_varlen_args* args,
                                      cudaStream_t stream);
 
 /* The workspace flash3_backward_varlen needs, in *bytes (of args, the shapes
- * of backward.q and backward.k, backward.deterministic and batch count). */
+ * of backward.q and backward.k, backward.v's head dim where it is set,
+ * backward.deterministic and batch count). */
 flash3_status flash3_backward_varlen_workspace_size(const flash3_backward_varlen_args* args,
                                                     size_t* bytes);
 

@@ -279,9 +279,13 @@ Status backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
 // deterministic and whether dsinks is given count). Pure host code: needs no
 // GPU. An fp32 dQ accumulator, two fp32 row statistics, fp32 dK/dV
 // accumulators with GQA, semaphores when deterministic, one float per query
-// block with dsinks: O(seqlen * headdim), never O(seqlen^2).
+// block with dsinks: O(seqlen * headdim), never O(seqlen^2). For v of q's
+// head dim, or narrower ((192, 128)); with v wider than q ((64, 256)) the
+// overload that takes v (of v only its head dim and dtype count).
 Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
                                size_t* bytes);
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const BackwardOptions& options, size_t* bytes);
 
 // backward() on a packed variable-length batch (forward_varlen's layout):
 // dout, q, out and dq (1, total_q, heads_q, headdim), k, v, dk and dv (1,
@@ -301,9 +305,12 @@ Status backward_varlen(const Tensor& dout, const Tensor& q, const Tensor& k, con
 // The workspace backward_varlen() needs, in *bytes: that of backward() for
 // the totals plus each sequence's padding (at most varlen.batch tiles of
 // query rows per head) and its key blocks' prefix sums. Needs no GPU; of
-// varlen only batch counts.
+// varlen only batch counts. v: as for backward_workspace_size() above.
 Status backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen& varlen,
                                const BackwardOptions& options, size_t* bytes);
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Varlen& varlen, const BackwardOptions& options,
+                               size_t* bytes);
 
 struct QuantizeOptions {
   // Sequence rows of one (batch, head) that share a scale, 1 to 2^20; the

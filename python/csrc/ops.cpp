@@ -362,7 +362,7 @@ void backward_into(const Tensor& dout_in, const Tensor& q, const Tensor& k, cons
   const flash3::Tensor dq_d = describe(dq, "dq", device), dk_d = describe(dk, "dk", device),
                        dv_d = describe(dv, "dv", device);
   size_t bytes = 0;
-  raise_unless_ok(backward_workspace_size(q_d, k_d, call.options, &bytes));
+  raise_unless_ok(backward_workspace_size(q_d, k_d, v_d, call.options, &bytes));
   call.take_workspace(q, bytes);
   raise_unless_ok(
       backward(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, call.options, on.stream));
@@ -677,7 +677,7 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_cuda(
   BackwardCall call(softmax_scale, causal, deterministic, window_left, window_right, attention_chunk,
                     softcap);
   size_t bytes = 0;
-  raise_unless_ok(backward_workspace_size(q_d, k_d, varlen, call.options, &bytes));
+  raise_unless_ok(backward_workspace_size(q_d, k_d, v_d, varlen, call.options, &bytes));
   call.take_workspace(q, bytes);
   raise_unless_ok(backward_varlen(dout_d, q_d, k_d, v_d, out_d, lse, dq_d, dk_d, dv_d, varlen,
                                   call.options, on.stream));

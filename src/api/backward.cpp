@@ -36,11 +36,11 @@ Status backward_varlen(const Tensor& dout, const Tensor& q, const Tensor& k, con
 }
 
 namespace {
-Status workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
+Status workspace_size(const Tensor& q, const Tensor& k, const Tensor* v, const Varlen* varlen,
                       const BackwardOptions& options, size_t* bytes) {
   // Needs no device: the size follows from the shapes alone.
   try {
-    return detail::validate_backward_workspace_size(q, k, varlen, options, bytes);
+    return detail::validate_backward_workspace_size(q, k, v, varlen, options, bytes);
   } catch (const std::exception& e) {
     return Status{StatusCode::kInternal,
                   std::string(detail::kBackwardWorkspaceCall) + ": " + e.what()};
@@ -53,12 +53,23 @@ Status workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
 
 Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
                                size_t* bytes) {
-  return workspace_size(q, k, nullptr, options, bytes);
+  return workspace_size(q, k, nullptr, nullptr, options, bytes);
+}
+
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const BackwardOptions& options, size_t* bytes) {
+  return workspace_size(q, k, &v, nullptr, options, bytes);
 }
 
 Status backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen& varlen,
                                const BackwardOptions& options, size_t* bytes) {
-  return workspace_size(q, k, &varlen, options, bytes);
+  return workspace_size(q, k, nullptr, &varlen, options, bytes);
+}
+
+Status backward_workspace_size(const Tensor& q, const Tensor& k, const Tensor& v,
+                               const Varlen& varlen, const BackwardOptions& options,
+                               size_t* bytes) {
+  return workspace_size(q, k, &v, &varlen, options, bytes);
 }
 
 }  // namespace flash3

@@ -178,8 +178,12 @@ flash3_status flash3_backward_workspace_size(const flash3_backward_args* args, s
     return finish(
         {flash3::StatusCode::kInvalidArgument, "flash3_backward_workspace_size: bytes is null"});
   }
+  if (args->v.shape[3] == 0) {  // v not set: of q's head dim
+    return finish(flash3::backward_workspace_size(to_cpp(args->q), to_cpp(args->k),
+                                                  backward_options(*args), bytes));
+  }
   return finish(flash3::backward_workspace_size(to_cpp(args->q), to_cpp(args->k),
-                                                backward_options(*args), bytes));
+                                                to_cpp(args->v), backward_options(*args), bytes));
 }
 
 namespace {
@@ -211,9 +215,13 @@ flash3_status flash3_backward_varlen_workspace_size(const flash3_backward_varlen
     return finish({flash3::StatusCode::kInvalidArgument,
                    "flash3_backward_varlen_workspace_size: bytes is null"});
   }
-  return finish(flash3::backward_workspace_size(to_cpp(args->backward.q), to_cpp(args->backward.k),
-                                                varlen_of(*args), backward_options(args->backward),
-                                                bytes));
+  const flash3_backward_args& b = args->backward;
+  if (b.v.shape[3] == 0) {  // v not set: of q's head dim
+    return finish(flash3::backward_workspace_size(to_cpp(b.q), to_cpp(b.k), varlen_of(*args),
+                                                  backward_options(b), bytes));
+  }
+  return finish(flash3::backward_workspace_size(to_cpp(b.q), to_cpp(b.k), to_cpp(b.v),
+                                                varlen_of(*args), backward_options(b), bytes));
 }
 
 flash3_status flash3_quantize_fp8(const flash3_quantize_args* args, cudaStream_t stream) {

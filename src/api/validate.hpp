@@ -48,11 +48,13 @@ Status validate_backward(const Tensor& dout, const Tensor& q, const Tensor& k, c
                          const Tensor& dk, const Tensor& dv, const BackwardOptions& options,
                          BackwardParams* params);
 
-// Checks q, k and bytes as backward_workspace_size() takes them; on success
+// Checks q, k (v: null, or its head dim and dtype) and bytes as
+// backward_workspace_size() takes them; on success
 // sets *bytes to the size of the backward's workspace for these shapes and
 // options.deterministic. On error *bytes is left as it was.
-Status validate_backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
-                                        const BackwardOptions& options, size_t* bytes);
+Status validate_backward_workspace_size(const Tensor& q, const Tensor& k, const Tensor* v,
+                                        const Varlen* varlen, const BackwardOptions& options,
+                                        size_t* bytes);
 
 // Checks backward_varlen's arguments: those of validate_backward (as batch
 // 1, softmax_lse (heads_q, total_q)) and the varlen description.

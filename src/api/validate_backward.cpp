@@ -64,16 +64,16 @@ Status check_q_and_k(const Tensor& q, const Tensor& k) {
   return check_heads(q, k);
 }
 
-// The workspace of q's and k's shapes, after check_q_and_k: refused if its
-// tile counts or bytes would not fit the layout's arithmetic.
+// The workspace of q's and k's shapes and v's head dim, after check_q_and_k:
+// refused if its tile counts or bytes would not fit the layout's arithmetic.
 // Varlen (varlen_batch sequences): each sequence's rows padded apart
 // (workspace.hpp).
-Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
+Status workspace_layout(const Tensor& q, const Tensor& k, int headdim_v, bool deterministic,
                         WorkspaceLayout* layout, int varlen_batch = 0, bool dsinks = false) {
   using u128 = unsigned __int128;
   const int headdim = static_cast<int>(q.shape[3]);
-  const int64_t block_m = sm90::bwd::block_m(headdim);
-  const int64_t block_n = sm90::bwd::block_n(headdim);
+  const int64_t block_m = sm90::bwd::block_m(headdim, headdim_v);
+  const int64_t block_n = sm90::bwd::block_n(headdim, headdim_v);
   const int64_t padding = static_cast<int64_t>(varlen_batch);  // tiles more, varlen
   const int64_t padded_q = (q.shape[1] + (padding + 1) * block_m - 1) / block_m * block_m;
   const int64_t padded_k = (k.shape[1] + (padding + 1) * block_n - 1) / block_n * block_n;
@@ -94,7 +94,7 @@ Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
   const u128 rows_q = static_cast<u128>(q.shape[0] * q.shape[2]) * static_cast<u128>(padded_q);
   const u128 rows_k = static_cast<u128>(k.shape[0] * k.shape[2]) * static_cast<u128>(padded_k);
   const u128 bound = (rows_q * static_cast<u128>(headdim + 3) +
-                      rows_k * static_cast<u128>(2 * headdim + 1)) *
+                      rows_k * static_cast<u128>(headdim + headdim_v + 1)) *
                          sizeof(float) +
                      static_cast<u128>(padding + 1) * sizeof(int32_t) +
                      rows_q * sizeof(float) +  // a bound of the sinks' partial sums
@@ -105,8 +105,8 @@ Status workspace_layout(const Tensor& q, const Tensor& k, bool deterministic,
   }
   *layout = WorkspaceLayout::of(static_cast<int>(q.shape[0]), static_cast<int>(q.shape[1]),
                                 static_cast<int>(k.shape[1]), static_cast<int>(q.shape[2]),
-                                static_cast<int>(k.shape[2]), headdim, deterministic,
-                                varlen_batch, dsinks);
+                                static_cast<int>(k.shape[2]), headdim, headdim_v,
+                                deterministic, varlen_batch, dsinks);
   return Status{};
 }
 
@@ -227,8 +227,8 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
                    " floats address past the end of the address space");
   }
   WorkspaceLayout layout;
-  if (Status s = workspace_layout(q, k, options.deterministic, &layout,
-                                  varlen != nullptr ? varlen->batch : 0,
+  if (Status s = workspace_layout(q, k, static_cast<int>(v.shape[3]), options.deterministic,
+                                  &layout, varlen != nullptr ? varlen->batch : 0,
                                   options.dsinks != nullptr);
       !s.ok()) {
     return s;
@@ -375,12 +375,15 @@ Status check_backward(const Tensor& dout, const Tensor& q, const Tensor& k, cons
   return Status{};
 }
 
-Status check_backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
-                                     const BackwardOptions& options, size_t* bytes) {
+// v: null for v of q's head dim; else only its head dim (and dtype) count.
+Status check_backward_workspace_size(const Tensor& q, const Tensor& k, const Tensor* v,
+                                     const Varlen* varlen, const BackwardOptions& options,
+                                     size_t* bytes) {
   if (bytes == nullptr) {
     return invalid("bytes is null");
   }
-  for (const auto& [name, t] : {Named{"q", q}, Named{"k", k}}) {
+  const Tensor& v_or_k = v != nullptr ? *v : k;
+  for (const auto& [name, t] : {Named{"q", q}, Named{"k", k}, Named{"v", v_or_k}}) {
     if (Status s = check_tensor(name, t, backward_dtype); !s.ok()) {
       return s;
     }
@@ -398,12 +401,21 @@ Status check_backward_workspace_size(const Tensor& q, const Tensor& k, const Var
   if (Status s = check_headdim(q.shape[3], HeadDimsOf::kBackward); !s.ok()) {
     return s;
   }
+  if (v != nullptr) {
+    if (v->dtype != q.dtype) {
+      return invalid("v.dtype (", dtype_name(v->dtype), ") differs from q.dtype (",
+                     dtype_name(q.dtype), ")");
+    }
+    if (Status s = check_value_headdim_first(q, *v, "v", HeadDimsOf::kBackward); !s.ok()) {
+      return s;
+    }
+  }
   if (Status s = check_lse_rows(q); !s.ok()) {
     return s;
   }
   WorkspaceLayout layout;
-  if (Status s = workspace_layout(q, k, options.deterministic, &layout,
-                                  varlen != nullptr ? varlen->batch : 0,
+  if (Status s = workspace_layout(q, k, static_cast<int>(v_or_k.shape[3]), options.deterministic,
+                                  &layout, varlen != nullptr ? varlen->batch : 0,
                                   options.dsinks != nullptr);
       !s.ok()) {
     return s;
@@ -431,10 +443,11 @@ Status validate_backward_varlen(const Tensor& dout, const Tensor& q, const Tenso
                                                        dv, &varlen, options, params));
 }
 
-Status validate_backward_workspace_size(const Tensor& q, const Tensor& k, const Varlen* varlen,
-                                        const BackwardOptions& options, size_t* bytes) {
+Status validate_backward_workspace_size(const Tensor& q, const Tensor& k, const Tensor* v,
+                                        const Varlen* varlen, const BackwardOptions& options,
+                                        size_t* bytes) {
   return with_call(kBackwardWorkspaceCall,
-                   check_backward_workspace_size(q, k, varlen, options, bytes));
+                   check_backward_workspace_size(q, k, v, varlen, options, bytes));
 }
 
 }  // namespace flash3::detail

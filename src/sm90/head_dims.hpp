@@ -33,16 +33,10 @@ struct ForwardValueDimsOf<192> {
 };
 template <int kHeadDim>
 using ForwardValueDims = typename ForwardValueDimsOf<kHeadDim>::type;
-// The backward's: the forward's pairs but (64, 256), whose dV (64 keys x 256
-// a warpgroup) does not fit the backward's registers as it is laid out.
+// The backward's: the forward's pairs ((64, 256) on head dim 256's split of
+// the wide dims, bwd/traits.cuh).
 template <int kHeadDim>
-struct BackwardValueDimsOf : ForwardValueDimsOf<kHeadDim> {};
-template <>
-struct BackwardValueDimsOf<64> {
-  using type = std::integer_sequence<int, 64>;
-};
-template <int kHeadDim>
-using BackwardValueDims = typename BackwardValueDimsOf<kHeadDim>::type;
+using BackwardValueDims = ForwardValueDims<kHeadDim>;
 
 template <int... kDims>
 constexpr bool contains(std::integer_sequence<int, kDims...>, long long d) {

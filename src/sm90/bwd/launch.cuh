@@ -141,11 +141,9 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
 template <DType kDType, int kHeadDim, int kHeadDimV>
 Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   using T = sm90::bwd::Traits<kDType, kHeadDim, kHeadDimV>;
-  // GQA's fp32 dV sums take the dK sums' size (workspace.hpp), rows of kHeadDimV.
-  static_assert(kHeadDimV <= kHeadDim, "v's head dim at most q's");
   const bool dsinks = p.dsinks != nullptr;
   const auto w = sm90::bwd::WorkspaceLayout::of(p.batch, p.seqlen_q, p.seqlen_k, p.heads_q,
-                                                p.heads_k, p.headdim, p.deterministic,
+                                                p.heads_k, p.headdim, kHeadDimV, p.deterministic,
                                                 p.varlen_batch, dsinks);
   const int row_batches = p.varlen_batch > 0 ? p.varlen_batch : p.batch;
   if (w.padded_seqlen_q > INT_MAX || row_batches > 65535 || p.heads_q > 65535) {
@@ -159,12 +157,12 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
     return s;
   }
   cudaError_t err = cudaSuccess;
-  // Sums that start at zero: GQA's dK / dV, and the deterministic turns.
+  // Sums that start at zero: GQA's dK / dV (two regions one after the
+  // other), and the deterministic turns.
   if (w.gqa) {
-    err = cudaMemsetAsync(ws + w.dk_accum, 0, w.dv_accum - w.dk_accum, stream);
-    if (err == cudaSuccess) {
-      err = cudaMemsetAsync(ws + w.dv_accum, 0, w.dv_accum - w.dk_accum, stream);
-    }
+    const size_t dv_bytes =
+        static_cast<size_t>(p.batch) * p.heads_k * p.seqlen_k * kHeadDimV * sizeof(float);
+    err = cudaMemsetAsync(ws + w.dk_accum, 0, w.dv_accum + dv_bytes - w.dk_accum, stream);
   }
   if (err == cudaSuccess && p.deterministic) {
     const size_t end = p.varlen_batch > 0 ? w.key_prefix : dsinks ? w.sink_partials : w.bytes;

@@ -253,17 +253,22 @@ struct Mainloop {
   }
 
   // T::kDkvUneven: compute_split's GEMMs of a step for warpgroup kW, of its
-  // own numbers of dK, dV and dQ columns (T::dkv_cols, T::dv_cols, T::dq_cols).
+  // own numbers of dK, dV and dQ columns (T::dkv_cols, T::dv_cols, T::dq_cols;
+  // (64, 256): warpgroup 0 has no dQ columns, warpgroup 1 no dK columns).
   template <int kW>
   __device__ void split_gemms(int stage, const Element* p_tile, const Element* ds_tile,
                               float (&dk)[T::kDkvAccRegs], float (&dv)[T::kDvAccRegs],
                               float (&dq)[T::kDqRowGroups][T::kDqAccRegs]) {
     gemm_accumulate_kv_from_tile<T::dv_cols(kW)>(
         smem_u32(p_tile), smem_u32(smem.dout[stage]), T::dv_col_offset(kW), dv);
-    gemm_accumulate_kv_from_tile<T::dkv_cols(kW)>(
-        smem_u32(ds_tile), smem_u32(smem.q[stage]), T::dkv_col_offset(kW), dk);
+    if constexpr (T::dkv_cols(kW) > 0) {
+      gemm_accumulate_kv_from_tile<T::dkv_cols(kW)>(
+          smem_u32(ds_tile), smem_u32(smem.q[stage]), T::dkv_col_offset(kW), dk);
+    }
     mma_commit();
-    gemm_dq_cols<T::dq_cols(kW)>(smem_u32(ds_tile), T::dq_col_offset(kW), dq);
+    if constexpr (T::dq_cols(kW) > 0) {
+      gemm_dq_cols<T::dq_cols(kW)>(smem_u32(ds_tile), T::dq_col_offset(kW), dq);
+    }
   }
 
   // dq (every 64-row group of the kBlockM x headdim tile, this warpgroup's

@@ -47,8 +47,10 @@ namespace flash3::sm90::bwd {
 // the H100 the shared space cost it 4-11% non-causal and K first 8% causal
 // at 1k, where every other head dim gained (design.md, 'Backward kernel
 // shape').
-template <int kHeadDim>
-struct TileConfig;
+// Per (head dim, v's head dim); a v narrower than q ((192, 128)) takes q's
+// head dim's tiles.
+template <int kHeadDim, int kHeadDimV = kHeadDim>
+struct TileConfig : TileConfig<kHeadDim, kHeadDim> {};
 template <>
 struct TileConfig<64> {
   static constexpr int kBlockM = 128, kBlockN = 128, kStages = 2;
@@ -77,6 +79,17 @@ struct TileConfig<192> {
   static constexpr bool kScoresAhead = false, kDkLast = false;
 };
 template <>
+struct TileConfig<64, 256> {
+  // FlashAttention-3's (64, 256): head dim 256's split (kDimSplit) over the
+  // wide dims, dV's 256 columns 128 a warpgroup; dK's and dQ's 64 are one
+  // column block each, so warpgroup 0 takes all of dK and warpgroup 1 all of
+  // dQ (Traits::kDkvUneven). 8 + 32 KB K, V + 2 x (8 + 32) KB Q, dO + 2 x 8
+  // KB dS + 16 KB dQ + 2 x 8 KB P = 168 KB.
+  static constexpr int kBlockM = 64, kBlockN = 64, kStages = 2;
+  static constexpr bool kSharedSpace = true, kKFirst = true, kDqAtomic = false;
+  static constexpr bool kScoresAhead = false, kDkLast = false;
+};
+template <>
 struct TileConfig<256> {
   // dQ added from registers (kDqAtomic), so that a second Q / dO stage fits:
   // 32 + 32 KB K, V + 2 x (32 + 32) KB Q, dO + 2 x 8 KB dS + 2 x 8 KB P =
@@ -90,7 +103,7 @@ struct TileConfig<256> {
 // dv); q's, k's, dQ's and dK's is kHeadDim_.
 template <DType kDType, int kHeadDim_, int kHeadDimV_ = kHeadDim_>
 struct Traits {
-  using Config = TileConfig<kHeadDim_>;
+  using Config = TileConfig<kHeadDim_, kHeadDimV_>;
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
@@ -102,7 +115,7 @@ struct Traits {
   static constexpr bool kDqAtomic = Config::kDqAtomic;
   static constexpr bool kScoresAhead = Config::kScoresAhead;
   static constexpr bool kDkLast = Config::kDkLast;
-  static_assert(kBlockM == block_m(kHeadDim) && kBlockN == block_n(kHeadDim),
+  static_assert(kBlockM == block_m(kHeadDim, kHeadDimV) && kBlockN == block_n(kHeadDim, kHeadDimV),
                 "workspace.hpp sizes the workspace with these tiles");
 
   // Warp roles: warpgroup 0 holds the producer warp (TMA loads) and the dQ

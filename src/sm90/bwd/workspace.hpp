@@ -12,9 +12,14 @@
 namespace flash3::sm90::bwd {
 
 // Query rows per step and key rows per CTA of the backward kernel, per head
-// dim (traits.cuh checks its tile configs against these).
-constexpr int block_m(int headdim) { return headdim <= 64 ? 128 : 64; }
-constexpr int block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
+// dims of q and of v (traits.cuh checks its tile configs against these): the
+// wider one's tiles.
+constexpr int block_m(int headdim, int headdim_v) {
+  return (headdim > headdim_v ? headdim : headdim_v) <= 64 ? 128 : 64;
+}
+constexpr int block_n(int headdim, int headdim_v) {
+  return (headdim > headdim_v ? headdim : headdim_v) <= 128 ? 128 : 64;
+}
 
 // Byte offsets into the workspace, each region 256-byte aligned:
 //  - dq_accum: fp32 dQ sums, per (batch, head_q, query block) a block of
@@ -23,7 +28,8 @@ constexpr int block_n(int headdim) { return headdim <= 128 ? 128 : 64; }
 //  - lse_log2, dpsum: fp32 (batch, head_q, padded seqlen_q): the forward's
 //    log-sum-exp times log2(e) (+inf past seqlen_q) and rowsum(dO * O)
 //    (0 past seqlen_q), written by the pre-pass;
-//  - dk_accum, dv_accum (GQA only): fp32 (batch, head_k, seqlen_k, headdim);
+//  - dk_accum, dv_accum (GQA only): fp32 (batch, head_k, seqlen_k, headdim),
+//    dV's of headdim_v;
 //  - dq_semaphore (deterministic only): int32 per (batch, head_q, query block),
 //    dkv_semaphore (deterministic GQA only): int32 per (batch, head_k, key block).
 //  - key_prefix (varlen only): the sequences' key-block prefix sums
@@ -79,11 +85,11 @@ struct WorkspaceLayout {
   // sinks: room for the sinks' gradient's partial sums (one per query block
   // of the per-row regions: sink_partials, batch x heads_q x num_m_blocks floats).
   static WorkspaceLayout of(int batch, int seqlen_q, int seqlen_k, int heads_q, int heads_k,
-                            int headdim, bool deterministic, int varlen_batch = 0,
-                            bool sinks = false) {
+                            int headdim, int headdim_v, bool deterministic,
+                            int varlen_batch = 0, bool sinks = false) {
     WorkspaceLayout w;
-    w.block_m = bwd::block_m(headdim);
-    w.block_n = bwd::block_n(headdim);
+    w.block_m = bwd::block_m(headdim, headdim_v);
+    w.block_n = bwd::block_n(headdim, headdim_v);
     if (varlen_batch > 0) {
       w.num_m_blocks = static_cast<int>(
           (static_cast<int64_t>(seqlen_q) + static_cast<int64_t>(varlen_batch + 1) * w.block_m -
@@ -106,9 +112,9 @@ struct WorkspaceLayout {
     w.lse_log2 = take(rows_q * sizeof(float));
     w.dpsum = take(rows_q * sizeof(float));
     if (w.gqa) {
-      const size_t kv = static_cast<size_t>(batch) * heads_k * seqlen_k * headdim;
-      w.dk_accum = take(kv * sizeof(float));
-      w.dv_accum = take(kv * sizeof(float));
+      const size_t rows_k = static_cast<size_t>(batch) * heads_k * seqlen_k;
+      w.dk_accum = take(rows_k * headdim * sizeof(float));
+      w.dv_accum = take(rows_k * headdim_v * sizeof(float));
     }
     if (deterministic) {
       w.dq_semaphore =
