@@ -793,7 +793,9 @@ def test_window_tensor_matches_ints_and_passes_the_autograd_check(causal):
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert torch.equal(a, b)
-    from torch.testing._internal.optests import aot_autograd_check
+    # FlashAttention-3's autograd check (FLASH_ATTENTION_ENABLE_AUTOGRAD_CHECK), which traced
+    # int(window[0]) into DataDependentOutputException before.
+    from torch.testing._internal.optests.generate_tests import safe_aot_autograd_check
     kwargs = dict(causal=causal, window_size=window)
     for dynamic in (False, True):
-        aot_autograd_check(fai.flash_attn_varlen_func, args, kwargs, dynamic=dynamic)
+        safe_aot_autograd_check(fai.flash_attn_varlen_func, args, kwargs, dynamic=dynamic)
