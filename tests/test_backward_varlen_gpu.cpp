@@ -298,6 +298,9 @@ TEST_F(BackwardVarlen, DeterministicIsBitwiseRepeatable) {
       const VarlenBackwardCase c{DType::kBFloat16, 64, causal, {700, 1, 0, 300, 513},
                                  {900, 40, 7, 300, 128}, 4, heads_k, true};
       const VarlenBackwardProblem problem(c);
+      if (problem.forward_status.code == StatusCode::kUnsupported) {
+        GTEST_SKIP() << problem.forward_status.message;  // a build without the kernel
+      }
       ASSERT_TRUE(problem.forward_status.ok()) << problem.forward_status.message;
       VarlenBackwardProblem::Bits first;
       const Status s = problem.backward(&first);
