@@ -351,13 +351,28 @@ struct Mainloop {
     }
   }
 
-  // Part w's (a warpgroup's columns') 8-column groups (T::kDkvUneven: the two
-  // parts' differ), and its first float4 chunk in the workspace's order.
-  __device__ static int dq_groups(int part) {
-    return T::kDkvUneven ? T::dq_cols(part) / 8 : T::kDqCols / 8;
-  }
-  __device__ static int dq_base(int part) {
-    return T::kDkvUneven ? T::dq_chunk_base(part) : part * T::dq_chunks(0);
+  // f(i, x) for each float4 x of part w's dQ registers (w: a warpgroup's
+  // columns) and its index i in the workspace's thread order: chunk c of
+  // thread t at (base(w) + c) * 128 + t, c = row group * (its 8-column
+  // groups) + 8-column group (T::kDkvUneven: the two parts' counts differ).
+  // stage_dq and add_dq put dQ there; postpass.cuh reads it back.
+  template <class F>
+  __device__ static void for_each_dq_chunk(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs],
+                                           int part, F&& f) {
+    const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
+    const int groups = T::kDkvUneven ? T::dq_cols(part) / 8 : T::kDqCols / 8;
+    const int base = T::kDkvUneven ? T::dq_chunk_base(part) : part * T::dq_chunks(0);
+#pragma unroll
+    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
+#pragma unroll
+      for (int c = 0; c < T::kDqAccRegs / 4; ++c) {
+        if (T::kDkvUneven && c >= groups) {
+          continue;
+        }
+        f((base + rg * groups + c) * T::kWarpgroupThreads + t,
+          make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2], dq[rg][4 * c + 3]));
+      }
+    }
   }
 
   // T::kDqAtomic: this warpgroup's dQ added into the workspace's tile of
@@ -375,20 +390,8 @@ struct Mainloop {
       named_barrier_sync(NamedBarrier::kBwdDqTurn, T::kConsumerThreads);
     }
     float* tile = args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim;
-    const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
-    const int groups = dq_groups(warpgroup), base = dq_base(warpgroup);
-#pragma unroll
-    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-#pragma unroll
-      for (int c = 0; c < T::kDqAccRegs / 4; ++c) {
-        if (T::kDkvUneven && c >= groups) {
-          continue;
-        }
-        red_add_f32x4(tile + ((base + rg * groups + c) * T::kWarpgroupThreads + t) * 4,
-                      make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2],
-                                  dq[rg][4 * c + 3]));
-      }
-    }
+    for_each_dq_chunk(dq, warpgroup,
+                      [&](int i, const float4& x) { red_add_f32x4(tile + 4 * i, x); });
     if (args.deterministic) {
       __threadfence();  // every thread's reductions done before the next key block's turn
       named_barrier_sync(NamedBarrier::kBwdDqTurn, T::kConsumerThreads);
@@ -399,38 +402,22 @@ struct Mainloop {
   }
 
   // This warpgroup's dQ registers into the staging tile, in the workspace's
-  // order: float4 chunk c of thread t of part w (a warpgroup's columns) at
-  // ((T::dq_chunk_base(w) + c) * 128 + t) * 4, c = row group * (its columns
-  // / 8) + 8-column group (postpass.cuh reads it back).
-  // T::kDqKeySplit: warpgroup 0's partial sums go in, warpgroup 1 adds its
-  // own to them (the same thread-order place: the same fragment layout).
+  // order (for_each_dq_chunk). T::kDqKeySplit: warpgroup 0's partial sums
+  // go in, warpgroup 1 adds its own to them (the same thread-order place:
+  // the same fragment layout).
   __device__ void stage_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup) {
-    const int t = static_cast<int>(threadIdx.x % T::kWarpgroupThreads);
-    const int part = T::kDqKeySplit ? 0 : warpgroup;  // the warpgroup's columns
-    const int groups = dq_groups(part);
     const bool add = T::kDqKeySplit && warpgroup == 1;
     if (add) {
       named_barrier_sync(NamedBarrier::kBwdDqPartial, T::kConsumerThreads);
     }
     float4* staging = reinterpret_cast<float4*>(smem.dq_staging.dq);
-    const int base = dq_base(part);
-#pragma unroll
-    for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
-#pragma unroll
-      for (int c = 0; c < T::kDqAccRegs / 4; ++c) {
-        if (T::kDkvUneven && c >= groups) {
-          continue;
-        }
-        float4 x = make_float4(dq[rg][4 * c], dq[rg][4 * c + 1], dq[rg][4 * c + 2],
-                               dq[rg][4 * c + 3]);
-        float4& slot = staging[(base + rg * groups + c) * T::kWarpgroupThreads + t];
-        if (add) {
-          const float4 first = slot;
-          x = make_float4(first.x + x.x, first.y + x.y, first.z + x.z, first.w + x.w);
-        }
-        slot = x;
+    for_each_dq_chunk(dq, T::kDqKeySplit ? 0 : warpgroup, [&](int i, float4 x) {
+      if (add) {
+        const float4 first = staging[i];
+        x = make_float4(first.x + x.x, first.y + x.y, first.z + x.z, first.w + x.w);
       }
-    }
+      staging[i] = x;
+    });
     if (T::kDqKeySplit && !add) {
       named_barrier_arrive(NamedBarrier::kBwdDqPartial, T::kConsumerThreads);
     }
