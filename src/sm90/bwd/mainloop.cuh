@@ -222,7 +222,7 @@ struct Mainloop {
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
       const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
-                                          kBlockN * kSwizzleRowBytes);
+                                         kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
         const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
@@ -260,13 +260,13 @@ struct Mainloop {
     }
     const int col0 = warpgroup * T::kDqCols;
     const auto b = desc_mn_major<true>(smem_u32(smem.k) +
-                                            (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes +
-                                            (col0 % kSwizzleCols) * T::kElementBytes,
-                                        kBlockN * kSwizzleRowBytes);
+                                           (col0 / kSwizzleCols) * kBlockN * kSwizzleRowBytes +
+                                           (col0 % kSwizzleCols) * T::kElementBytes,
+                                       kBlockN * kSwizzleRowBytes);
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
       const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
-                                          kBlockN * kSwizzleRowBytes);
+                                         kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kBlockN / kMmaK16; ++kk) {
         const uint32_t step = kk * kMmaK16 * kSwizzleRowBytes;
@@ -290,7 +290,7 @@ struct Mainloop {
 #pragma unroll
     for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
       const auto a = desc_mn_major<true>(ds_addr + rg * kBlockN * kSwizzleRowBytes,
-                                          kBlockN * kSwizzleRowBytes);
+                                         kBlockN * kSwizzleRowBytes);
 #pragma unroll
       for (int kk = 0; kk < kMmaM / kMmaK16; ++kk) {
         const uint32_t step = (key0 + kk * kMmaK16) * kSwizzleRowBytes;
