@@ -69,6 +69,18 @@ inline Status workspace_of(const BackwardParams& p, size_t bytes, cudaStream_t s
   return {};
 }
 
+// The scores' scale, softcap and mask, as the main kernel takes them and the
+// pre-pass too (the rows whose D it takes exactly).
+template <class Args>
+void set_scores(const BackwardParams& p, Args* a) {
+  a->softmax_scale = p.softmax_scale;
+  a->scale_log2 = p.softmax_scale * sm90::kLog2e;
+  a->softcap = p.softcap;
+  a->window_left = p.mask_window_left();
+  a->window_right = p.mask_window_right();
+  a->chunk = p.mask_chunk();
+}
+
 template <class T, bool kCausal, bool kVarlen, bool kLocal>
 Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w, uint8_t* ws,
                    cudaStream_t stream) {
@@ -118,12 +130,7 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.num_m_blocks = w.num_m_blocks;
   args.num_n_blocks = w.num_n_blocks;
   args.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
-  args.softmax_scale = p.softmax_scale;
-  args.scale_log2 = p.softmax_scale * sm90::kLog2e;
-  args.window_left = p.mask_window_left();
-  args.window_right = p.mask_window_right();
-  args.chunk = p.mask_chunk();
-  args.softcap = p.softcap;
+  set_scores(p, &args);
   args.deterministic = p.deterministic;
 
   constexpr auto kernel = sm90::bwd::backward_kernel<T, kCausal, kVarlen, kLocal>;
@@ -199,12 +206,7 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   pre.v_stride = p.v_stride;
   pre.seqlen_k = p.seqlen_k;
   pre.heads_per_kv_head = p.heads_q / p.heads_k;
-  pre.softmax_scale = p.softmax_scale;
-  pre.scale_log2 = p.softmax_scale * sm90::kLog2e;
-  pre.softcap = p.softcap;
-  pre.window_left = p.mask_window_left();
-  pre.window_right = p.mask_window_right();
-  pre.chunk = p.mask_chunk();
+  bwd_launch::set_scores(p, &pre);
   pre.lse = p.softmax_lse;
   pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
