@@ -81,6 +81,12 @@ void set_scores(const BackwardParams& p, Args* a) {
   a->chunk = p.mask_chunk();
 }
 
+// A Traits type as a value, to choose the main kernels' in a generic lambda.
+template <class T>
+struct TraitsTag {
+  using type = T;
+};
+
 template <class T, bool kCausal, bool kVarlen, bool kLocal>
 Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w, uint8_t* ws,
                    cudaStream_t stream) {
@@ -225,15 +231,27 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
         reduce);
   }
 
-  // Causal alone, the local variants (a window, a chunk, softcap), or neither.
-  const auto main = [&](auto varlen) {
+  // Causal alone, the local variants (a window, a chunk, softcap), or
+  // neither; deterministic, the kernels of its own configuration where it
+  // differs (traits.cuh, ConfigFor).
+  const auto main = [&](auto varlen, auto traits) {
     constexpr bool kVarlen = decltype(varlen)::value;
+    using TM = typename decltype(traits)::type;
     using bwd_launch::launch_main;
-    return !p.masked()          ? launch_main<T, false, kVarlen, false>(p, w, ws, stream)
-           : p.local_kernels() ? launch_main<T, true, kVarlen, true>(p, w, ws, stream)
-                               : launch_main<T, true, kVarlen, false>(p, w, ws, stream);
+    return !p.masked()          ? launch_main<TM, false, kVarlen, false>(p, w, ws, stream)
+           : p.local_kernels() ? launch_main<TM, true, kVarlen, true>(p, w, ws, stream)
+                               : launch_main<TM, true, kVarlen, false>(p, w, ws, stream);
   };
-  const Status s = p.varlen_batch > 0 ? main(std::true_type{}) : main(std::false_type{});
+  const auto main_of = [&](auto traits) {
+    return p.varlen_batch > 0 ? main(std::true_type{}, traits) : main(std::false_type{}, traits);
+  };
+  using TD = sm90::bwd::Traits<kDType, kHeadDim, kHeadDimV, true>;
+  Status s;
+  if constexpr (T::kDqAtomic != TD::kDqAtomic) {
+    s = p.deterministic ? main_of(bwd_launch::TraitsTag<TD>{}) : main_of(bwd_launch::TraitsTag<T>{});
+  } else {
+    s = main_of(bwd_launch::TraitsTag<T>{});
+  }
   if (!s.ok()) {
     return s;
   }

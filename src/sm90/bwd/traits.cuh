@@ -99,11 +99,28 @@ struct TileConfig<256> {
   static constexpr bool kScoresAhead = false, kDkLast = true;
 };
 
+// The deterministic mode's configuration: where dQ comes from registers
+// (kDqAtomic), the consumers would wait for each key block's turn on their
+// own path (head dim 256 lost 25-40% to its default that way), so the
+// deterministic kernels stage dQ for the writer warp, which waits instead,
+// with one Q / dO stage (the staging tile takes the second's space) and
+// the step order that went with it. The tiles, and so the workspace, stay.
+template <class Config, bool kDeterministic>
+struct ConfigFor : Config {};
+template <class Config>
+struct ConfigFor<Config, true> : Config {
+  static constexpr int kStages = Config::kDqAtomic ? 1 : Config::kStages;
+  static constexpr bool kDqAtomic = false;
+  static constexpr bool kDkLast = Config::kDkLast && !Config::kDqAtomic;
+};
+
 // kHeadDimV_: v's, dO's and out's head dim, and so dV's (FlashAttention-3's
-// dv); q's, k's, dQ's and dK's is kHeadDim_.
-template <DType kDType, int kHeadDim_, int kHeadDimV_ = kHeadDim_>
+// dv); q's, k's, dQ's and dK's is kHeadDim_. kDeterministic_: the
+// deterministic mode's kernels where their configuration differs
+// (ConfigFor).
+template <DType kDType, int kHeadDim_, int kHeadDimV_ = kHeadDim_, bool kDeterministic_ = false>
 struct Traits {
-  using Config = TileConfig<kHeadDim_, kHeadDimV_>;
+  using Config = ConfigFor<TileConfig<kHeadDim_, kHeadDimV_>, kDeterministic_>;
   using Element = typename ElementOf<kDType>::type;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kHeadDimV = kHeadDimV_;
