@@ -280,6 +280,13 @@ TEST_F(SanitizeBackward, Bf16D256SoftcapCausal) {
   c.forward.softcap = 2.0f;
   expect_gradients_match_reference(c);
 }
+// Head dim 256 deterministic: its own kernels (dQ staged for the writer warp,
+// one Q / dO stage, not added from registers); GQA, causal.
+TEST_F(SanitizeBackward, Bf16D256GqaCausalDeterministic) {
+  BackwardCase c = make_case(DType::kBFloat16, 256, {2, 200, 333, 4, 2}, true);
+  c.deterministic = true;
+  expect_gradients_match_reference(c);
+}
 
 }  // namespace
 }  // namespace flash3::test
