@@ -3,6 +3,7 @@
 // lse, and the backward's dq, dk, dv through the sinks' lse and dsinks
 // (BackwardOptions::dsinks); every head dim, causal (rows that see no key)
 // and not, GQA, the split decode path.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -112,31 +113,36 @@ void expect_sinks_match_reference(const SinksCase& c) {
     const ref::Verdict verdict = ref::check_gradient(name, got, p, w);
     EXPECT_TRUE(verdict.ok) << verdict.message;
   }
-  // dsinks[h] = -sum over the head's rows of exp(sink - lse) (dout . out): fp32
-  // sums of the forward's own out and lse (checked above against the
-  // reference), against the float64 sum of the same. (Against the
+  // dsinks[h] = -sum over the head's rows of exp(sink - lse) D: fp32 sums of
+  // the forward's own out and lse (checked above against the reference),
+  // against the float64 sum of the same, D = dout . out. (Against the
   // reference's dsinks, the forward's rounding of out, within the tolerance
   // rule, comes through the sum over all rows: 0.3% at d256, past the rule's
-  // bound for a gradient.)
+  // bound for a gradient.) A row that sees at most kExactDKeys keys takes D
+  // exactly (prepass.cuh), here dout . the reference's out.
+  constexpr int kExactDKeys = 32;  // prepass.cuh's
   std::vector<float> dsinks(variant.sinks.size());
   check_cuda(cudaMemcpy(dsinks.data(), d_dsinks.get(), dsinks.size() * 4, cudaMemcpyDeviceToHost),
              "dsinks");
   for (int h = 0; h < s.heads_q; ++h) {
-    double want = 0.0, magnitude = 0.0;
+    double expected = 0.0, magnitude = 0.0;
     for (int b = 0; b < s.batch; ++b) {
       for (int i = 0; i < s.seqlen_q; ++i) {
         const size_t at = (static_cast<size_t>(b * s.seqlen_q + i) * s.heads_q + h) * s.headdim;
+        const int visible =
+            c.causal ? std::clamp(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k) : s.seqlen_k;
+        const bool exact = visible > 0 && visible <= kExactDKeys;
         double delta = 0.0;
         for (int x = 0; x < s.headdim; ++x) {
-          delta += static_cast<double>(dout[at + x]) * out[at + x];
+          delta += static_cast<double>(dout[at + x]) * (exact ? want.out[at + x] : out[at + x]);
         }
         const double lse_row = lse[(static_cast<size_t>(b) * s.heads_q + h) * s.seqlen_q + i];
         const double term = -std::exp(variant.sinks[h] - lse_row) * delta;
-        want += term;
+        expected += term;
         magnitude += std::abs(term);
       }
     }
-    EXPECT_NEAR(dsinks[h], want, 1e-4 * magnitude + 1e-7) << "dsinks[" << h << "]";
+    EXPECT_NEAR(dsinks[h], expected, 1e-4 * magnitude + 1e-7) << "dsinks[" << h << "]";
   }
 }
 
