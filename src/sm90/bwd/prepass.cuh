@@ -49,6 +49,9 @@ struct PrepassArgs {
 };
 
 inline constexpr int kPrepassThreads = 256;
+// At most 128 registers a thread (two blocks an SM): room for each thread's
+// loads in flight (kRowsInFlight rows of out and dO) without spills.
+inline constexpr int kPrepassBlocksPerSm = 2;
 // A row whose visible keys are at most this many gets D exactly.
 inline constexpr int kExactDKeys = 32;
 
@@ -91,31 +94,42 @@ __device__ __forceinline__ float exact_dpsum_part(const PrepassArgs& args, const
   const bool capped = args.softcap > 0.0f;
   const float to_tanh = capped ? args.softmax_scale / args.softcap : 0.0f;
   const float scale_log2 = capped ? args.softcap * kLog2e : args.scale_log2;
+  // The keys in rounds of kKeysPerRound, each round's k and v pieces loaded
+  // before any is used (one memory latency a round, not one a key).
+  constexpr int kKeysPerRound = 4;
   float dpsum = 0.0f;
-  for (int j = 0; j < steps; ++j) {
-    float s = 0.0f, dp = 0.0f;
-    const int64_t key = k_row0 + first + j;
-    if (j < count && part < kQPieces) {
-      s = dot8<Element>(qx, *reinterpret_cast<const uint4*>(
-                                static_cast<const Element*>(args.k) +
-                                args.k_stride.offset(q.batch, key, head_kv) + part * 8),
-                        0.0f);
-    }
-    if (j < count && part < kVPieces) {
-      dp = dot8<Element>(dout, *reinterpret_cast<const uint4*>(
-                                   static_cast<const Element*>(args.v) +
-                                   args.v_stride.offset(q.batch, key, head_kv) + part * 8),
-                         0.0f);
+  for (int j0 = 0; j0 < steps; j0 += kKeysPerRound) {
+    uint4 kx[kKeysPerRound], vx[kKeysPerRound];
+#pragma unroll
+    for (int u = 0; u < kKeysPerRound; ++u) {
+      kx[u] = {};
+      vx[u] = {};
+      const int64_t key = k_row0 + first + j0 + u;
+      if (j0 + u < count && part < kQPieces) {
+        kx[u] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.k) +
+                                                args.k_stride.offset(q.batch, key, head_kv) +
+                                                part * 8);
+      }
+      if (j0 + u < count && part < kVPieces) {
+        vx[u] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.v) +
+                                                args.v_stride.offset(q.batch, key, head_kv) +
+                                                part * 8);
+      }
     }
 #pragma unroll
-    for (int lanes = kThreadsPerRow / 2; lanes > 0; lanes /= 2) {
-      s += __shfl_xor_sync(0xffffffffu, s, lanes);
-    }
-    if (j < count) {
-      if (capped) {
-        s = fast_tanh(s * to_tanh);
+    for (int u = 0; u < kKeysPerRound; ++u) {
+      float s = dot8<Element>(qx, kx[u], 0.0f);
+      const float dp = dot8<Element>(dout, vx[u], 0.0f);
+#pragma unroll
+      for (int lanes = kThreadsPerRow / 2; lanes > 0; lanes /= 2) {
+        s += __shfl_xor_sync(0xffffffffu, s, lanes);
       }
-      dpsum = fmaf(fast_exp2(fmaf(s, scale_log2, -lse_log2)), dp, dpsum);
+      if (j0 + u < count) {
+        if (capped) {
+          s = fast_tanh(s * to_tanh);
+        }
+        dpsum = fmaf(fast_exp2(fmaf(s, scale_log2, -lse_log2)), dp, dpsum);
+      }
     }
   }
   return dpsum;
@@ -124,7 +138,8 @@ __device__ __forceinline__ float exact_dpsum_part(const PrepassArgs& args, const
 // Grid (x, heads_q, batch or sequences): block x takes query blocks x,
 // x + gridDim.x, ... of its sequence (dense: x alone).
 template <class T>
-__global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassArgs args) {
+__global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
+    prepass_kernel(const PrepassArgs args) {
   using Element = typename T::Element;
   // A row's lanes read 16 bytes each of out and dO (head dim kHeadDimV) and,
   // for an exact D, of q and k (kHeadDim): a power of two of lanes (their
@@ -150,44 +165,81 @@ __global__ void __launch_bounds__(kPrepassThreads) prepass_kernel(const PrepassA
   // The sinks' gradient: each row's -exp(sink - lse) D, summed per block in order.
   __shared__ float sink_share[T::kBlockM];
   const float sink = args.sink_partials != nullptr ? args.sinks[head] : 0.0f;
+  // A thread's rows of a block: r0, r0 + kRowsPerPass, ..., kRowsInFlight
+  // at a time with all their loads (log-sum-exp, out, dO) issued before any
+  // sum, so that a block waits for a memory latency per kRowsInFlight rows
+  // rather than per row (and once for two: out's load waited for the
+  // log-sum-exp's test). The few rows of an exact D follow, dO read again
+  // (from the cache), so that no row's out and dO stay live beside their
+  // keys' loads.
+  constexpr int kRowIters = T::kBlockM / kRowsPerPass;
+  constexpr int kRowsInFlight = kRowIters < 4 ? kRowIters : 4;
+  static_assert(T::kBlockM % kRowsPerPass == 0 && kRowIters % kRowsInFlight == 0,
+                "whole passes over a block");
+  const int r0 = static_cast<int>(threadIdx.x) / kThreadsPerRow;
   for (int m_block = static_cast<int>(blockIdx.x); m_block < m_blocks;
        m_block += static_cast<int>(gridDim.x)) {
-    for (int r = static_cast<int>(threadIdx.x) / kThreadsPerRow; r < T::kBlockM;
-         r += kRowsPerPass) {
-      const int row = m_block * T::kBlockM + r;
-      float lse_log2 = INFINITY;  // P = 0: padding, and rows that see no key (+inf)
-      int first = 0, count = 0;   // the visible keys, where few enough for an exact D
-      if (row < q.length) {
-        const float lse = args.lse[q.lse_row0 + row];
-        lse_log2 = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        first = max(mask.keys_begin(row), 0);
-        count = min(mask.keys_end(row), keys.length) - first;
-        count = count <= kExactDKeys && lse != -INFINITY ? max(count, 0) : 0;
-      }
-      float sum = 0.0f;
-      uint4 d = {};
-      if (row < q.length && part < kPieces) {
-        d = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.dout) +
-                                            args.dout_stride.offset(q.batch, q.row0 + row, head) +
-                                            part * 8);
-        if (count == 0) {
-          sum = dot8<Element>(*reinterpret_cast<const uint4*>(
-                                  static_cast<const Element*>(args.out) +
-                                  args.out_stride.offset(q.batch, q.row0 + row, head) + part * 8),
-                              d, 0.0f);
+#pragma unroll 1
+    for (int g = 0; g < kRowIters; g += kRowsInFlight) {
+      float lse[kRowsInFlight], sum[kRowsInFlight];
+      {
+        uint4 o[kRowsInFlight], d[kRowsInFlight];
+#pragma unroll
+        for (int i = 0; i < kRowsInFlight; ++i) {
+          const int row = m_block * T::kBlockM + r0 + (g + i) * kRowsPerPass;
+          lse[i] = row < q.length ? args.lse[q.lse_row0 + row] : -INFINITY;
+          o[i] = {};
+          d[i] = {};
+          if (row < q.length && part < kPieces) {
+            o[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.out) +
+                                                   args.out_stride.offset(q.batch, q.row0 + row,
+                                                                          head) +
+                                                   part * 8);
+            d[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.dout) +
+                                                   args.dout_stride.offset(q.batch, q.row0 + row,
+                                                                           head) +
+                                                   part * 8);
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < kRowsInFlight; ++i) {
+          sum[i] = dot8<Element>(o[i], d[i], 0.0f);
         }
       }
-      sum += exact_dpsum_part<T, kThreadsPerRow>(args, q, row, head, keys.begin, first, count,
-                                                 lse_log2, d, part);
 #pragma unroll
-      for (int lanes = kThreadsPerRow / 2; lanes > 0; lanes /= 2) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, lanes);
-      }
-      if (part == 0) {
-        args.lse_log2[q.ws_row0 + row] = lse_log2;
-        args.dpsum[q.ws_row0 + row] = sum;
-        if (args.sink_partials != nullptr) {
-          sink_share[r] = row < q.length ? -expf(sink - args.lse[q.lse_row0 + row]) * sum : 0.0f;
+      for (int i = 0; i < kRowsInFlight; ++i) {
+        const int r = r0 + (g + i) * kRowsPerPass;
+        const int row = m_block * T::kBlockM + r;
+        // P = 0: padding, and rows that see no key (+inf)
+        const float lse_log2 = lse[i] == -INFINITY ? INFINITY : lse[i] * kLog2e;
+        int first = 0, count = 0;  // the visible keys, where few enough for an exact D
+        if (row < q.length && lse[i] != -INFINITY) {
+          first = max(mask.keys_begin(row), 0);
+          count = min(mask.keys_end(row), keys.length) - first;
+          count = count <= kExactDKeys ? max(count, 0) : 0;
+        }
+        if (__any_sync(0xffffffffu, count > 0)) {
+          uint4 d = {};
+          if (row < q.length && part < kPieces) {
+            d = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.dout) +
+                                                args.dout_stride.offset(q.batch, q.row0 + row,
+                                                                        head) +
+                                                part * 8);
+          }
+          const float exact = exact_dpsum_part<T, kThreadsPerRow>(
+              args, q, row, head, keys.begin, first, count, lse_log2, d, part);
+          sum[i] = count > 0 ? exact : sum[i];
+        }
+#pragma unroll
+        for (int lanes = kThreadsPerRow / 2; lanes > 0; lanes /= 2) {
+          sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], lanes);
+        }
+        if (part == 0) {
+          args.lse_log2[q.ws_row0 + row] = lse_log2;
+          args.dpsum[q.ws_row0 + row] = sum[i];
+          if (args.sink_partials != nullptr) {
+            sink_share[r] = row < q.length ? -expf(sink - lse[i]) * sum[i] : 0.0f;
+          }
         }
       }
     }
