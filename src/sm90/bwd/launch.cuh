@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <climits>
 #include <string>
 #include <type_traits>
@@ -223,7 +224,10 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   pre.seqlen_q = p.seqlen_q;
   pre.heads_q = p.heads_q;
   pre.padded_seqlen_q = static_cast<int>(w.padded_seqlen_q);
-  sm90::bwd::prepass_kernel<T><<<row_blocks, sm90::bwd::kPrepassThreads, 0, stream>>>(pre);
+  // The pre-pass: (head, batch or sequence, query block), the query block
+  // slowest (prepass.cuh), in at most 65535 of them (a stride over the rest).
+  const dim3 prepass_blocks(p.heads_q, row_batches, std::min(row_blocks.x, 65535u));
+  sm90::bwd::prepass_kernel<T><<<prepass_blocks, sm90::bwd::kPrepassThreads, 0, stream>>>(pre);
   if (dsinks) {
     const sm90::bwd::SinksReduceArgs reduce{pre.sink_partials, p.dsinks, p.batch, p.heads_q,
                                             w.num_m_blocks};

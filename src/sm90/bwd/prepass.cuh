@@ -135,8 +135,11 @@ __device__ __forceinline__ float exact_dpsum_part(const PrepassArgs& args, const
   return dpsum;
 }
 
-// Grid (x, heads_q, batch or sequences): block x takes query blocks x,
-// x + gridDim.x, ... of its sequence (dense: x alone).
+// Grid (heads_q, batch or sequences, z): block z takes query blocks z,
+// z + gridDim.z, ... of its sequence (dense: z alone). The query block is
+// the slowest index so that the blocks of every sequence's first rows, which
+// see few keys in causal and local masks (an exact D, kExactDKeys), start
+// first: last, one of them had ended the pass 15-25 us after the others.
 template <class T>
 __global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
     prepass_kernel(const PrepassArgs args) {
@@ -151,13 +154,13 @@ __global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
   static_assert(kPieces * 8 == T::kHeadDimV && T::kHeadDim % 8 == 0 && kAllPieces <= 32,
                 "16-byte pieces of a row");
   constexpr int kRowsPerPass = kPrepassThreads / kThreadsPerRow;
-  const int head = static_cast<int>(blockIdx.y);
-  const QueryRows q = query_rows(args.varlen, static_cast<int>(blockIdx.z), head, args.heads_q,
+  const int head = static_cast<int>(blockIdx.x);
+  const QueryRows q = query_rows(args.varlen, static_cast<int>(blockIdx.y), head, args.heads_q,
                                  args.seqlen_q, args.padded_seqlen_q, T::kBlockM);
   const SeqRange keys = args.varlen.batch == 0
                             ? SeqRange{0, args.seqlen_k}
                             : seq_range(args.varlen.cu_seqlens_k, args.varlen.seqused_k,
-                                        static_cast<int>(blockIdx.z), args.varlen.total_k);
+                                        static_cast<int>(blockIdx.y), args.varlen.total_k);
   const Mask<T::kBlockM, T::kBlockN, true, true> mask{q.length, keys.length, args.window_left,
                                                       args.window_right, args.chunk};
   const int part = static_cast<int>(threadIdx.x) % kThreadsPerRow;
@@ -177,8 +180,8 @@ __global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
   static_assert(T::kBlockM % kRowsPerPass == 0 && kRowIters % kRowsInFlight == 0,
                 "whole passes over a block");
   const int r0 = static_cast<int>(threadIdx.x) / kThreadsPerRow;
-  for (int m_block = static_cast<int>(blockIdx.x); m_block < m_blocks;
-       m_block += static_cast<int>(gridDim.x)) {
+  for (int m_block = static_cast<int>(blockIdx.z); m_block < m_blocks;
+       m_block += static_cast<int>(gridDim.z)) {
 #pragma unroll 1
     for (int g = 0; g < kRowIters; g += kRowsInFlight) {
       float lse[kRowsInFlight], sum[kRowsInFlight];
