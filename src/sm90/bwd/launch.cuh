@@ -196,7 +196,8 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   }
 
   // The per-query-block passes: (query block, head, batch), or varlen (a
-  // stride over each sequence's query blocks, head, sequence).
+  // stride over each sequence's query blocks, head, sequence); the pre-pass
+  // takes the same blocks in another order (below).
   const dim3 row_blocks(
       p.varlen_batch > 0 ? (p.max_seqlen_q + T::kBlockM - 1) / T::kBlockM : w.num_m_blocks,
       p.heads_q, row_batches);
