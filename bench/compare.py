@@ -15,9 +15,16 @@ over twice FA2's plus DIFF_ULPS roundings of the largest output (or a NaN) is ma
 and makes the exit code 1, so a fast wrong kernel cannot pass. A backend that cannot run
 prints n/a (the reasons follow the table).
 
+With --backward, each cell also gives the peak device memory of one backward call beyond what
+was allocated before it (MiB, torch.cuda.max_memory_allocated; the inputs, out and dout are
+allocated before), for flash3 and cuDNN, and flash3's bound: the gradients, the fp32 dQ
+accumulator and two fp32 row arrays (seqlen rounded up to 128), plus 1 MiB; flash3 over it is
+marked '!' and makes the exit code 1.
+
     python3 bench/compare.py --dtype bf16 --json out.json --markdown out.md --plot out.png
 
-Exit codes: 0 done; 1 a flash3 output differs from cuDNN's (marked '!'); 2 bad command line (argparse); 3 no CUDA device.
+Exit codes: 0 done; 1 a flash3 output differs from cuDNN's or its backward passes its memory
+bound (marked '!'); 2 bad command line (argparse); 3 no CUDA device.
 """
 import argparse
 import contextlib
@@ -43,6 +50,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # output (up to ~5 in causal rows that see few keys) to neighbouring values, each way.
 DIFF_ULPS = 2
 HEADER = ["dtype", "hdim", "causal", "seqlen", "flash3", "cuDNN", "FA2", "f3/cuDNN", "f3/FA2", "diff f3", "diff FA2"]
+# --backward: peak MiB of a backward call beyond what it found allocated (flash3, cuDNN), flash3's bound.
+HEADER_MEMORY = ["MiB f3", "MiB cuDNN", "bound"]
 
 
 def flash3_attention(q, k, v, causal):
@@ -91,6 +100,27 @@ def median_ms(calls, warmup, iters):
     return {name: statistics.median(a.elapsed_time(b) for a, b in pairs) for name, pairs in events.items()}
 
 
+def peak_mib(call, context):
+    """The peak device memory one call allocates beyond what was allocated before it, in MiB."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with context(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / 2**20
+
+
+def backward_bound_mib(q, k, v):
+    """flash3's backward memory bound beyond its inputs: dq, dk, dv, the fp32 dQ accumulator and
+    two fp32 row arrays (log-sum-exp, D) over seqlen rounded up to 128, and 1 MiB for the rest."""
+    batch, seqlen, heads, headdim = q.shape
+    rows = batch * heads * -(-seqlen // 128) * 128
+    grads = sum(x.numel() * x.element_size() for x in (q, k, v))
+    return (grads + rows * headdim * 4 + 2 * rows * 4) / 2**20 + 1.0
+
+
 def run_cell(dtype, headdim, causal, seqlen, args, reasons):
     batch, heads = max(1, TOKENS // seqlen), HIDDEN // headdim
     dv = args.headdim_v or headdim  # v's and out's head dim
@@ -121,6 +151,10 @@ def run_cell(dtype, headdim, causal, seqlen, args, reasons):
         warnings.simplefilter("ignore")
         timed = median_ms(calls, args.warmup, args.iters)
     ms = {name: timed.get(name) for name in BACKENDS}
+    memory = {}
+    if args.backward:
+        memory = {name: peak_mib(*calls[name]) if name in calls else None for name in ("flash3", "cuDNN")}
+        memory["bound"] = backward_bound_mib(q, k, v)
     ref = outs.get("cuDNN")
     diff = {name: (outs[name] - ref).abs().max().item() if name in outs and ref is not None else None
             for name in ("flash3", "FA2")}
@@ -128,6 +162,7 @@ def run_cell(dtype, headdim, causal, seqlen, args, reasons):
     if diff["flash3"] is not None:
         atol = DIFF_ULPS * torch.finfo(q.dtype).eps * ref.abs().max().item()
         suspect = not diff["flash3"] <= 2 * (diff["FA2"] or 0.0) + atol  # NaN is suspect too
+    over = memory.get("flash3") is not None and memory["flash3"] > memory["bound"]
     return {
         "dtype": dtype, "headdim": headdim, "headdim_v": dv, "causal": causal, "batch": batch, "seqlen": seqlen,
         "heads": heads,
@@ -135,6 +170,7 @@ def run_cell(dtype, headdim, causal, seqlen, args, reasons):
         "tflops": {name: flops / (t * 1e-3) / 1e12 if t else None for name, t in ms.items()},
         "max_abs_diff_vs_cudnn": diff,
         "suspect": suspect,
+        **({"peak_mib": memory, "over_memory_bound": over} if memory else {}),
     }
 
 
@@ -153,7 +189,15 @@ def table(records):
                      fmt(t["flash3"], ".0f"), fmt(t["cuDNN"], ".0f"), fmt(t["FA2"], ".0f"),
                      fmt(ratio(t["flash3"], t["cuDNN"]), ".2f"), fmt(ratio(t["flash3"], t["FA2"]), ".2f"),
                      fmt(d["flash3"], ".2g") + (" !" if r["suspect"] else ""), fmt(d["FA2"], ".2g")])
+        if "peak_mib" in r:
+            m = r["peak_mib"]
+            rows[-1] += [fmt(m["flash3"], ".0f") + (" !" if r["over_memory_bound"] else ""),
+                         fmt(m["cuDNN"], ".0f"), fmt(m["bound"], ".0f")]
     return rows
+
+
+def header(backward):
+    return HEADER + (HEADER_MEMORY if backward else [])
 
 
 def print_row(cells):
@@ -164,7 +208,8 @@ def write_markdown(path, meta, records):
     lines = [f"# flash3 {meta['direction']} vs PyTorch SDPA (TFLOP/s), {meta['device']}, {meta['date']}", "",
              f"`{meta['command']}`; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
              f"flash3 {meta['flash3']}, commit {meta['commit']}. diff: max |out - cuDNN's out|.", "",
-             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
+             "| " + " | ".join(header(meta["direction"] == "backward")) + " |",
+             "|" + " --- |" * len(header(meta["direction"] == "backward"))]
     lines += ["| " + " | ".join(row) + " |" for row in table(records)]
     Path(path).write_text("\n".join(lines) + "\n")
 
@@ -247,7 +292,7 @@ def main():
     }
     print(f"{meta['device']}, torch {meta['torch']}, cuDNN {meta['cudnn']}, flash3 {flash3_version}: "
           f"{meta['direction']} TFLOP/s, median of {args.iters} calls after {args.warmup} warm-up")
-    print_row(HEADER)
+    print_row(header(args.backward))
     records, reasons = [], set()
     for dtype in DTYPES if args.dtype == "all" else [args.dtype]:
         for headdim in args.headdim or [64, 128, 256]:
@@ -264,7 +309,7 @@ def main():
         write_markdown(args.markdown, meta, records)
     if args.plot:
         write_plot(args.plot, meta, records)
-    return 1 if any(r["suspect"] for r in records) else 0
+    return 1 if any(r["suspect"] or r.get("over_memory_bound") for r in records) else 0
 
 
 if __name__ == "__main__":

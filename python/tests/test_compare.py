@@ -95,3 +95,40 @@ def test_a_clock_change_falls_on_every_backend(compare):
 
     compare.median_ms({name: (make(name), contextlib.nullcontext) for name in names}, warmup, iters)
     assert all(seen[name] == {False, True} for name in names)
+
+
+class FakeTensor:
+    def __init__(self, shape, element_size):
+        self.shape, self._element_size = shape, element_size
+
+    def numel(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def element_size(self):
+        return self._element_size
+
+
+def test_backward_memory_bound_counts_gradients_and_the_fp32_dq_sums(compare):
+    # batch 2, seqlen 100 (rows padded to 128), 4 heads, head dim 64, 16-bit.
+    q = k = v = FakeTensor((2, 100, 4, 64), 2)
+    grads = 3 * 2 * 100 * 4 * 64 * 2
+    rows = 2 * 4 * 128
+    expected = (grads + rows * 64 * 4 + 2 * rows * 4) / 2**20 + 1.0
+    assert compare.backward_bound_mib(q, k, v) == pytest.approx(expected)
+
+
+def test_backward_over_its_memory_bound_is_marked(compare):
+    record = {"dtype": "bf16", "headdim": 128, "headdim_v": 128, "causal": False, "seqlen": 1024,
+              "tflops": {"flash3": 500.0, "cuDNN": 450.0, "FA2": 300.0},
+              "max_abs_diff_vs_cudnn": {"flash3": 0.001, "FA2": 0.001}, "suspect": False,
+              "peak_mib": {"flash3": 300.0, "cuDNN": 280.0, "bound": 257.0}, "over_memory_bound": True}
+    row = compare.table([record])[0]
+    assert len(row) == len(compare.header(True))
+    assert row[-3] == "300 !" and row[-2] == "280" and row[-1] == "257"
+    assert not row[9].endswith("!")  # the outputs agree: only the memory is marked
+    within = dict(record, over_memory_bound=False,
+                  peak_mib={"flash3": 200.0, "cuDNN": 280.0, "bound": 257.0})
+    assert compare.table([within])[0][-3] == "200"
