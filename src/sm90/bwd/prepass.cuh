@@ -139,7 +139,8 @@ __device__ __forceinline__ float exact_dpsum_part(const PrepassArgs& args, const
 // z + gridDim.z, ... of its sequence (dense: z alone). The query block is
 // the slowest index so that the blocks of every sequence's first rows, which
 // see few keys in causal and local masks (an exact D, kExactDKeys), start
-// first: last, one of them had ended the pass 15-25 us after the others.
+// first (H100, 16k tokens, causal 1k: head dim 256's pass 116 -> 102 us,
+// 64's and 128's unchanged).
 template <class T>
 __global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
     prepass_kernel(const PrepassArgs args) {
