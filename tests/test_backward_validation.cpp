@@ -138,27 +138,23 @@ void set_headdim_all(P& p, int64_t headdim) {
   set_k_side(p, P::kBatch, P::kSeqlenK, P::kHeadsK, headdim);
 }
 
-// DeepSeek's (192, 128): q, k, dq, dk of head dim 192; v, out, dout, dv of 128.
-void set_v128_beside_q192(P& p) {
-  set_headdim_all(p, 192);
+// q, k, dq, dk of head dim headdim; v, out, dout, dv of headdim_v.
+void set_headdims(P& p, int64_t headdim, int64_t headdim_v) {
+  set_headdim_all(p, headdim);
   for (Tensor* t : {&p.v, &p.dv}) {
-    set_dims(*t, P::kBatch, P::kSeqlenK, P::kHeadsK, 128);
+    set_dims(*t, P::kBatch, P::kSeqlenK, P::kHeadsK, headdim_v);
   }
   for (Tensor* t : {&p.out, &p.dout}) {
-    set_dims(*t, P::kBatch, P::kSeqlenQ, P::kHeadsQ, 128);
+    set_dims(*t, P::kBatch, P::kSeqlenQ, P::kHeadsQ, headdim_v);
   }
 }
 
-// FlashAttention-3's (64, 256): v, out, dout, dv of head dim 256 beside q's 64,
-// with the workspace its v needs.
+// DeepSeek's (192, 128).
+void set_v128_beside_q192(P& p) { set_headdims(p, 192, 128); }
+
+// FlashAttention-3's (64, 256), with the workspace its v needs.
 void set_v256_beside_q64(P& p) {
-  set_headdim_all(p, 64);
-  for (Tensor* t : {&p.v, &p.dv}) {
-    set_dims(*t, P::kBatch, P::kSeqlenK, P::kHeadsK, 256);
-  }
-  for (Tensor* t : {&p.out, &p.dout}) {
-    set_dims(*t, P::kBatch, P::kSeqlenQ, P::kHeadsQ, 256);
-  }
+  set_headdims(p, 64, 256);
   size_t bytes = 0;
   ASSERT_TRUE(flash3::backward_workspace_size(p.q, p.k, p.v, p.options, &bytes).ok());
   p.options.workspace_bytes = bytes;

@@ -174,9 +174,7 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   // Sums that start at zero: GQA's dK / dV (two regions one after the
   // other), and the deterministic turns.
   if (w.gqa) {
-    const size_t dv_bytes =
-        static_cast<size_t>(p.batch) * p.heads_k * p.seqlen_k * kHeadDimV * sizeof(float);
-    err = cudaMemsetAsync(ws + w.dk_accum, 0, w.dv_accum + dv_bytes - w.dk_accum, stream);
+    err = cudaMemsetAsync(ws + w.dk_accum, 0, w.dkv_end - w.dk_accum, stream);
   }
   if (err == cudaSuccess && p.deterministic) {
     const size_t end = p.varlen_batch > 0 ? w.key_prefix : dsinks ? w.sink_partials : w.bytes;
@@ -252,7 +250,7 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   };
   using TD = sm90::bwd::Traits<kDType, kHeadDim, kHeadDimV, true>;
   Status s;
-  if constexpr (T::kDqAtomic != TD::kDqAtomic) {
+  if constexpr (TD::Config::kOwnKernels) {
     s = p.deterministic ? main_of(bwd_launch::TraitsTag<TD>{}) : main_of(bwd_launch::TraitsTag<T>{});
   } else {
     s = main_of(bwd_launch::TraitsTag<T>{});

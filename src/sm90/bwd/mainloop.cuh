@@ -377,28 +377,13 @@ struct Mainloop {
 
   // T::kDqAtomic: this warpgroup's dQ added into the workspace's tile of
   // query block m from registers, each float4 where stage_dq would have put
-  // it (deterministic: after the key blocks before this one, in order).
+  // it. Never deterministic: that mode's kernels stage dQ (traits.cuh,
+  // ConfigFor).
   __device__ void add_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup, int m) {
     static_assert(!T::kDqKeySplit, "the key split adds its partial sums in the staging tile");
-    const bool first = threadIdx.x == T::kWarpgroupThreads;  // the first consumer thread
-    int* sem = args.dq_semaphore + blk.q.ws_row0 / kBlockM + m;
-    const int turn = dq_turn(m);
-    if (args.deterministic) {
-      if (first) {
-        semaphore_wait(sem, turn);
-      }
-      named_barrier_sync(NamedBarrier::kBwdDqTurn, T::kConsumerThreads);
-    }
     float* tile = args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim;
     for_each_dq_chunk(dq, warpgroup,
                       [&](int i, const float4& x) { red_add_f32x4(tile + 4 * i, x); });
-    if (args.deterministic) {
-      __threadfence();  // every thread's reductions done before the next key block's turn
-      named_barrier_sync(NamedBarrier::kBwdDqTurn, T::kConsumerThreads);
-      if (first) {
-        semaphore_signal(sem, turn + 1);
-      }
-    }
   }
 
   // This warpgroup's dQ registers into the staging tile, in the workspace's

@@ -67,6 +67,15 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float acc)
   return acc;
 }
 
+// 16-byte piece `part` of a row of a (batch, seq, head, dim) tensor.
+template <class Element>
+__device__ __forceinline__ uint4 load_piece(const void* base,
+                                            const flash3::detail::Strides3& stride, int batch,
+                                            int64_t row, int head, int part) {
+  return *reinterpret_cast<const uint4*>(static_cast<const Element*>(base) +
+                                         stride.offset(batch, row, head) + part * 8);
+}
+
 // A row's exact D over its `count` visible keys from `first` (0 for the rows
 // that take D from out): every lane of the warp runs the same steps (the
 // most keys among its rows) for the butterflies; a lane holds its row's
@@ -86,9 +95,7 @@ __device__ __forceinline__ float exact_dpsum_part(const PrepassArgs& args, const
   }
   uint4 qx = {};
   if (count > 0 && part < kQPieces) {
-    qx = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.q) +
-                                         args.q_stride.offset(q.batch, q.row0 + row, head) +
-                                         part * 8);
+    qx = load_piece<Element>(args.q, args.q_stride, q.batch, q.row0 + row, head, part);
   }
   const int head_kv = head / args.heads_per_kv_head;
   const bool capped = args.softcap > 0.0f;
@@ -106,14 +113,10 @@ __device__ __forceinline__ float exact_dpsum_part(const PrepassArgs& args, const
       vx[u] = {};
       const int64_t key = k_row0 + first + j0 + u;
       if (j0 + u < count && part < kQPieces) {
-        kx[u] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.k) +
-                                                args.k_stride.offset(q.batch, key, head_kv) +
-                                                part * 8);
+        kx[u] = load_piece<Element>(args.k, args.k_stride, q.batch, key, head_kv, part);
       }
       if (j0 + u < count && part < kVPieces) {
-        vx[u] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.v) +
-                                                args.v_stride.offset(q.batch, key, head_kv) +
-                                                part * 8);
+        vx[u] = load_piece<Element>(args.v, args.v_stride, q.batch, key, head_kv, part);
       }
     }
 #pragma unroll
@@ -195,14 +198,10 @@ __global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
           o[i] = {};
           d[i] = {};
           if (row < q.length && part < kPieces) {
-            o[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.out) +
-                                                   args.out_stride.offset(q.batch, q.row0 + row,
-                                                                          head) +
-                                                   part * 8);
-            d[i] = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.dout) +
-                                                   args.dout_stride.offset(q.batch, q.row0 + row,
-                                                                           head) +
-                                                   part * 8);
+            o[i] = load_piece<Element>(args.out, args.out_stride, q.batch, q.row0 + row, head,
+                                       part);
+            d[i] = load_piece<Element>(args.dout, args.dout_stride, q.batch, q.row0 + row, head,
+                                       part);
           }
         }
 #pragma unroll
@@ -225,10 +224,8 @@ __global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
         if (__any_sync(0xffffffffu, count > 0)) {
           uint4 d = {};
           if (row < q.length && part < kPieces) {
-            d = *reinterpret_cast<const uint4*>(static_cast<const Element*>(args.dout) +
-                                                args.dout_stride.offset(q.batch, q.row0 + row,
-                                                                        head) +
-                                                part * 8);
+            d = load_piece<Element>(args.dout, args.dout_stride, q.batch, q.row0 + row, head,
+                                    part);
           }
           const float exact = exact_dpsum_part<T, kThreadsPerRow>(
               args, q, row, head, keys.begin, first, count, lse_log2, d, part);

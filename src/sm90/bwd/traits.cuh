@@ -105,10 +105,12 @@ struct TileConfig<256> {
 // deterministic kernels stage dQ for the writer warp, which waits instead,
 // with one Q / dO stage (the staging tile takes the second's space) and
 // the step order that went with it. The tiles, and so the workspace, stay.
+// kOwnKernels: whether this changes anything (else the default kernels run).
 template <class Config, bool kDeterministic>
 struct ConfigFor : Config {};
 template <class Config>
 struct ConfigFor<Config, true> : Config {
+  static constexpr bool kOwnKernels = Config::kDqAtomic;
   static constexpr int kStages = Config::kDqAtomic ? 1 : Config::kStages;
   static constexpr bool kDqAtomic = false;
   static constexpr bool kDkLast = Config::kDkLast && !Config::kDqAtomic;

@@ -75,6 +75,7 @@ struct WorkspaceLayout {
   int num_m_blocks = 0, num_n_blocks = 0;
   int64_t padded_seqlen_q = 0;  // num_m_blocks * block_m
   size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0;
+  size_t dkv_end = 0;  // GQA: where the dK / dV sums end
   size_t dq_semaphore = 0, dkv_semaphore = 0, key_prefix = 0, sink_partials = 0;
   size_t bytes = 0;  // the whole workspace
   bool gqa = false;
@@ -115,6 +116,7 @@ struct WorkspaceLayout {
       const size_t rows_k = static_cast<size_t>(batch) * heads_k * seqlen_k;
       w.dk_accum = take(rows_k * headdim * sizeof(float));
       w.dv_accum = take(rows_k * headdim_v * sizeof(float));
+      w.dkv_end = at;
     }
     if (deterministic) {
       w.dq_semaphore =

@@ -74,7 +74,6 @@ enum class NamedBarrier : uint32_t {
   kBwdDkvStored = 10,
   kBwdPReady = 11,  // kDimSplit: warpgroup 0's P^T tile is in shared memory
   kBwdDqPartial = 12,  // kDqKeySplit: warpgroup 0's partial dQ is staged
-  kBwdDqTurn = 13,     // kDqAtomic, deterministic: the consumers' turn to add dQ, and done
   kScheduleFence = 15,  // one warp arrives, nobody waits: see schedule_after()
 };
 
@@ -122,16 +121,16 @@ __device__ inline void semaphore_wait(const int* sem, int value) {
   }
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
+__device__ inline void semaphore_signal(int* sem, int value) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(value) : "memory");
+}
+
 // dst[0..3] += x, one vector reduction in global memory (sm_90; 16-byte aligned).
 __device__ inline void red_add_f32x4(float* dst, const float4& x) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(x.x), "f"(x.y),
                "f"(x.z), "f"(x.w)
                : "memory");
-}
-
-__device__ inline void semaphore_signal(int* sem, int value) {
-  asm volatile("fence.proxy.async.global;" ::: "memory");
-  asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(sem), "r"(value) : "memory");
 }
 
 // A fence for ptxas's scheduler, not for the hardware: every instruction that
