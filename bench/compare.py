@@ -31,6 +31,7 @@ import contextlib
 import datetime
 import itertools
 import json
+import math
 import statistics
 import sys
 import warnings
@@ -196,6 +197,23 @@ def table(records):
     return rows
 
 
+def summary(records, from_seqlen=2048):
+    """flash3/cuDNN over the cells where both ran: the geometric mean of all of them, and
+    the lowest cell from `from_seqlen` on (issue 22's bars), as one line."""
+    ratios = [(ratio(r["tflops"]["flash3"], r["tflops"]["cuDNN"]), r) for r in records]
+    ratios = [(x, r) for x, r in ratios if x is not None]
+    if not ratios:
+        return "flash3/cuDNN: no cell where both ran"
+    geomean = math.exp(statistics.fmean(math.log(x) for x, _ in ratios))
+    line = f"flash3/cuDNN: geometric mean {geomean:.3f} over {len(ratios)} cells"
+    later = [(x, r) for x, r in ratios if r["seqlen"] >= from_seqlen]
+    if later:
+        x, r = min(later, key=lambda item: item[0])
+        line += (f"; lowest from seqlen {from_seqlen}: {x:.2f} ({r['dtype']} d{r['headdim']} "
+                 f"{'causal' if r['causal'] else 'non-causal'} {r['seqlen']})")
+    return line
+
+
 def header(backward):
     return HEADER + (HEADER_MEMORY if backward else [])
 
@@ -211,6 +229,7 @@ def write_markdown(path, meta, records):
              "| " + " | ".join(header(meta["direction"] == "backward")) + " |",
              "|" + " --- |" * len(header(meta["direction"] == "backward"))]
     lines += ["| " + " | ".join(row) + " |" for row in table(records)]
+    lines += ["", summary(records)]
     Path(path).write_text("\n".join(lines) + "\n")
 
 
@@ -302,6 +321,8 @@ def main():
                     print_row(table(records[-1:])[0])
     for reason in sorted(reasons):
         print(f"n/a: {reason}")
+    meta["summary"] = summary(records)
+    print(meta["summary"])
 
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "records": records}, indent=1) + "\n")

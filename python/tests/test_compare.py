@@ -132,3 +132,23 @@ def test_backward_over_its_memory_bound_is_marked(compare):
     within = dict(record, over_memory_bound=False,
                   peak_mib={"flash3": 200.0, "cuDNN": 280.0, "bound": 257.0})
     assert compare.table([within])[0][-3] == "200"
+
+
+def cell(headdim, causal, seqlen, flash3, cudnn):
+    return {"dtype": "bf16", "headdim": headdim, "causal": causal, "seqlen": seqlen,
+            "tflops": {"flash3": flash3, "cuDNN": cudnn, "FA2": None}}
+
+
+def test_summary_gives_the_geometric_mean_and_the_lowest_cell_from_2k(compare):
+    records = [cell(64, False, 1024, 200.0, 250.0),   # 0.8: in the mean, not in the lowest
+               cell(64, False, 2048, 300.0, 250.0),   # 1.2
+               cell(128, True, 4096, 330.0, 300.0),   # 1.1
+               cell(256, True, 8192, None, 300.0)]    # flash3 n/a: left out
+    line = compare.summary(records)
+    geomean = (0.8 * 1.2 * 1.1) ** (1 / 3)
+    assert f"geometric mean {geomean:.3f} over 3 cells" in line
+    assert "lowest from seqlen 2048: 1.10 (bf16 d128 causal 4096)" in line
+
+
+def test_summary_without_a_common_cell(compare):
+    assert compare.summary([cell(64, False, 1024, None, 250.0)]) == "flash3/cuDNN: no cell where both ran"
