@@ -223,13 +223,13 @@ def print_row(cells):
 
 
 def write_markdown(path, meta, records):
+    columns = header(meta["direction"] == "backward")
     lines = [f"# flash3 {meta['direction']} vs PyTorch SDPA (TFLOP/s), {meta['device']}, {meta['date']}", "",
              f"`{meta['command']}`; torch {meta['torch']}, CUDA {meta['cuda']}, cuDNN {meta['cudnn']}, "
              f"flash3 {meta['flash3']}, commit {meta['commit']}. diff: max |out - cuDNN's out|.", "",
-             "| " + " | ".join(header(meta["direction"] == "backward")) + " |",
-             "|" + " --- |" * len(header(meta["direction"] == "backward"))]
+             "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     lines += ["| " + " | ".join(row) + " |" for row in table(records)]
-    lines += ["", summary(records)]
+    lines += ["", meta["summary"]]
     Path(path).write_text("\n".join(lines) + "\n")
 
 

@@ -58,7 +58,7 @@ const std::vector<Dims> kGqaDims = {{1, 200, 200, 4, 2}, {2, 129, 300, 8, 1}, {1
 TEST_P(BackwardSweep, Seqlens) { expect_all(kSeqlenDims); }
 
 // Rows that see a few keys, where D from the 16-bit out would miss the bound
-// (prepass.cuh: kExactDKeys): one query over 2 or 3 keys, many of them;
+// (workspace.hpp: kExactDKeys): one query over 2 or 3 keys, many of them;
 // windows of 1-3 keys a row, with softcap and MQA; and 33 keys, one past
 // the exact rows' limit.
 TEST_P(BackwardSweep, FewKeys) {

@@ -15,6 +15,7 @@
 #include "forward_case.hpp"
 #include "hopper_test.hpp"
 #include "reference/attention_ref.hpp"
+#include "src/sm90/bwd/workspace.hpp"
 #include "test_support.hpp"
 
 namespace flash3::test {
@@ -120,7 +121,6 @@ void expect_sinks_match_reference(const SinksCase& c) {
   // rule, comes through the sum over all rows: 0.3% at d256, past the rule's
   // bound for a gradient.) A row that sees at most kExactDKeys keys takes D
   // exactly (prepass.cuh), here dout . the reference's out.
-  constexpr int kExactDKeys = 32;  // prepass.cuh's
   std::vector<float> dsinks(variant.sinks.size());
   check_cuda(cudaMemcpy(dsinks.data(), d_dsinks.get(), dsinks.size() * 4, cudaMemcpyDeviceToHost),
              "dsinks");
@@ -131,7 +131,7 @@ void expect_sinks_match_reference(const SinksCase& c) {
         const size_t at = (static_cast<size_t>(b * s.seqlen_q + i) * s.heads_q + h) * s.headdim;
         const int visible =
             c.causal ? std::clamp(i + s.seqlen_k - s.seqlen_q + 1, 0, s.seqlen_k) : s.seqlen_k;
-        const bool exact = visible > 0 && visible <= kExactDKeys;
+        const bool exact = visible > 0 && visible <= sm90::bwd::kExactDKeys;
         double delta = 0.0;
         for (int x = 0; x < s.headdim; ++x) {
           delta += static_cast<double>(dout[at + x]) * (exact ? want.out[at + x] : out[at + x]);

@@ -7,7 +7,7 @@
 // about its size: FlashAttention-3's suite missed its bounds there (seqlen_k
 // 3; design.md, 'Accuracy with few keys'). Such a row's D is taken exactly
 // instead, sum_j P_j dP_j = dO . (out before rounding), from its keys'
-// scores as the main kernel computes them (kExactDKeys).
+// scores as the main kernel computes them (kExactDKeys, workspace.hpp).
 #pragma once
 
 #include <cmath>
@@ -52,8 +52,6 @@ inline constexpr int kPrepassThreads = 256;
 // At most 128 registers a thread (two blocks an SM): room for each thread's
 // loads in flight (kRowsInFlight rows of out and dO) without spills.
 inline constexpr int kPrepassBlocksPerSm = 2;
-// A row whose visible keys are at most this many gets D exactly.
-inline constexpr int kExactDKeys = 32;
 
 // acc + the dot product of two 16-byte pieces of 16-bit elements.
 template <class Element>

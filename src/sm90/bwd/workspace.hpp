@@ -70,6 +70,10 @@ FLASH3_HOST_DEVICE inline QueryRows query_rows(const VarlenSequences& varlen, in
           static_cast<int64_t>(head) * varlen.total_q + q.begin};
 }
 
+// A row whose visible keys are at most this many gets its dpsum (D)
+// exactly, sum_j P_j dP_j, rather than from the 16-bit out (prepass.cuh).
+inline constexpr int kExactDKeys = 32;
+
 struct WorkspaceLayout {
   int block_m = 0, block_n = 0;
   int num_m_blocks = 0, num_n_blocks = 0;
