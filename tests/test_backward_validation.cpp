@@ -542,7 +542,7 @@ TEST(BackwardCAbi, OptionsArePassedThrough) {
     EXPECT_PRED_FORMAT2(::testing::IsSubstring, "options.workspace is not 256-byte aligned",
                         flash3_last_error());
   }
-  {  // deterministic needs the semaphores: a workspace of the nondeterministic size is short
+  {  // deterministic GQA needs the dK / dV turns: a workspace of the nondeterministic size is short
     P p;
     BackwardOptions plain = p.options;
     plain.deterministic = false;
@@ -613,7 +613,8 @@ TEST(BackwardWorkspaceSize, GrowsLinearlyWithSeqlen) {
   EXPECT_LT(bytes, 131072.0 * 128 * 4 * 1.1);
 }
 
-// GQA adds the fp32 dK/dV accumulators; deterministic adds semaphores.
+// GQA adds the fp32 dK/dV accumulators; deterministic GQA adds their turns
+// (the dQ state is there in both modes).
 TEST(BackwardWorkspaceSize, LargerWithGqaAndDeterministic) {
   for (const int64_t headdim : {64, 96, 128, 192, 256}) {
     const size_t mha = workspace_bytes(2, 512, 1024, 8, 8, headdim, false);
@@ -622,7 +623,7 @@ TEST(BackwardWorkspaceSize, LargerWithGqaAndDeterministic) {
     EXPECT_GT(gqa, mha) << headdim;
     EXPECT_GT(gqa, mqa) << headdim;  // one K/V head: smaller accumulators
     EXPECT_GE(gqa - mha, size_t{2} * 2 * 2 * 1024 * headdim * sizeof(float)) << headdim;
-    EXPECT_GT(workspace_bytes(2, 512, 1024, 8, 8, headdim, true), mha) << headdim;
+    EXPECT_EQ(workspace_bytes(2, 512, 1024, 8, 8, headdim, true), mha) << headdim;
     EXPECT_GT(workspace_bytes(2, 512, 1024, 8, 2, headdim, true), gqa) << headdim;
   }
 }

@@ -36,7 +36,8 @@ struct KernelArgs {
   float* dq_accum;
   const float* lse_log2;
   const float* dpsum;
-  int* dq_semaphore;   // deterministic: per (batch, head_q, query block)
+  int* dq_state;       // per (batch, head_q, query block): its dQ sums' writers
+                       // (the staged kernels; mainloop.cuh, write_dq_staged)
   int* dkv_semaphore;  // deterministic GQA: per (batch, head_k, key block)
   VarlenSequences varlen;  // block_prefix: the key blocks' (workspace.hpp: key_prefix)
   int seqlen_q;  // varlen: the totals

@@ -126,7 +126,7 @@ Status launch_main(const BackwardParams& p, const sm90::bwd::WorkspaceLayout& w,
   args.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
   args.lse_log2 = reinterpret_cast<const float*>(ws + w.lse_log2);
   args.dpsum = reinterpret_cast<const float*>(ws + w.dpsum);
-  args.dq_semaphore = p.deterministic ? reinterpret_cast<int*>(ws + w.dq_semaphore) : nullptr;
+  args.dq_state = reinterpret_cast<int*>(ws + w.dq_state);
   args.dkv_semaphore =
       p.deterministic && w.gqa ? reinterpret_cast<int*>(ws + w.dkv_semaphore) : nullptr;
   args.varlen = varlen_of(p, w, ws);
@@ -170,15 +170,22 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   if (Status s = bwd_launch::workspace_of(p, w.bytes, stream, &ws); !s.ok()) {
     return s;
   }
+  // The main kernel's configuration (deterministic: its own where it has
+  // one, traits.cuh, ConfigFor): whether its consumers add dQ into zeroed
+  // sums themselves (kDqAtomic), or its dQ writer stores each block's first
+  // part and adds the others (the dQ state, workspace.hpp).
+  using TD = sm90::bwd::Traits<kDType, kHeadDim, kHeadDimV, true>;
+  const bool dq_atomic =
+      TD::Config::kOwnKernels && p.deterministic ? TD::kDqAtomic : T::kDqAtomic;
   cudaError_t err = cudaSuccess;
   // Sums that start at zero: GQA's dK / dV (two regions one after the
-  // other), and the deterministic turns.
+  // other), and their deterministic turns.
   if (w.gqa) {
     err = cudaMemsetAsync(ws + w.dk_accum, 0, w.dkv_end - w.dk_accum, stream);
   }
-  if (err == cudaSuccess && p.deterministic) {
+  if (err == cudaSuccess && p.deterministic && w.gqa) {
     const size_t end = p.varlen_batch > 0 ? w.key_prefix : dsinks ? w.sink_partials : w.bytes;
-    err = cudaMemsetAsync(ws + w.dq_semaphore, 0, end - w.dq_semaphore, stream);
+    err = cudaMemsetAsync(ws + w.dkv_semaphore, 0, end - w.dkv_semaphore, stream);
   }
   if (err == cudaSuccess && dsinks) {  // the gaps between varlen sequences' blocks stay 0
     err = cudaMemsetAsync(ws + w.sink_partials, 0, w.bytes - w.sink_partials, stream);
@@ -216,7 +223,8 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   pre.lse = p.softmax_lse;
   pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
   pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
-  pre.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
+  pre.dq_state = reinterpret_cast<int*>(ws + w.dq_state);
+  pre.dq_accum = dq_atomic ? reinterpret_cast<float*>(ws + w.dq_accum) : nullptr;
   pre.varlen = varlen;
   pre.sinks = p.sinks;
   pre.sink_partials = dsinks ? reinterpret_cast<float*>(ws + w.sink_partials) : nullptr;
@@ -248,7 +256,6 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   const auto main_of = [&](auto traits) {
     return p.varlen_batch > 0 ? main(std::true_type{}, traits) : main(std::false_type{}, traits);
   };
-  using TD = sm90::bwd::Traits<kDType, kHeadDim, kHeadDimV, true>;
   Status s;
   if constexpr (TD::Config::kOwnKernels) {
     s = p.deterministic ? main_of(bwd_launch::TraitsTag<TD>{}) : main_of(bwd_launch::TraitsTag<T>{});
@@ -261,6 +268,7 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
 
   sm90::bwd::PostpassArgs post{};
   post.dq_accum = reinterpret_cast<const float*>(ws + w.dq_accum);
+  post.dq_state = dq_atomic ? nullptr : reinterpret_cast<const int*>(ws + w.dq_state);
   post.dq = p.dq;
   post.dq_stride = p.dq_stride;
   post.varlen = varlen;

@@ -108,10 +108,15 @@ struct Mainloop {
     return kCausal ? mask.n_block_end(m) - 1 - blk.n_block : blk.n_block;
   }
 
-  // Per query block: waits for the consumers' dQ tile, adds it into the
-  // workspace (deterministic: after the key blocks before this one, in
-  // order), and frees the tile once the bulk operation has read it.
-  // T::kDqAtomic: nothing (the consumers add dQ themselves: add_dq).
+  // Per query block: waits for the consumers' dQ tile, puts it into the
+  // workspace's sums, and frees the tile once the bulk operation has read it.
+  // Nothing zeroes the sums before: the first writer of a block stores its
+  // tile, the others add theirs once that store is done (dq_state, a word
+  // per block: sync.cuh, semaphore_claim). Deterministic: the key blocks add
+  // in order (dq_turn), the first one storing. The post-pass reads a block
+  // that nobody wrote as zeros.
+  // T::kDqAtomic: nothing (the consumers add dQ themselves: add_dq, into
+  // sums the pre-pass zeroes).
   __device__ void write_dq_all() {
     if constexpr (!T::kDqAtomic) {
       write_dq_staged();
@@ -124,15 +129,26 @@ struct Mainloop {
     }
     for (int m = m_begin; m < m_end; ++m) {
       named_barrier_sync(NamedBarrier::kBwdDqFull, kDqSyncThreads);
-      int* sem = args.dq_semaphore + blk.q.ws_row0 / kBlockM + m;
+      int* state = args.dq_state + blk.q.ws_row0 / kBlockM + m;
       const int turn = dq_turn(m);
+      bool first = false;
       if (leader) {
         if (args.deterministic) {
-          semaphore_wait(sem, turn);
+          semaphore_wait(state, turn);
+          first = turn == 0;
+        } else {
+          first = semaphore_claim(state);
+          if (!first) {
+            semaphore_wait_stored(state);
+          }
         }
-        bulk_reduce_add_f32(args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim,
-                            smem.dq_staging.dq,
-                            T::kDqTileFloats * sizeof(float));
+        float* sums = args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim;
+        constexpr uint32_t kBytes = T::kDqTileFloats * sizeof(float);
+        if (first) {
+          bulk_store(sums, smem.dq_staging.dq, kBytes);
+        } else {
+          bulk_reduce_add_f32(sums, smem.dq_staging.dq, kBytes);
+        }
         tma_store_commit();
         tma_store_wait_read();
       }
@@ -140,9 +156,9 @@ struct Mainloop {
       if (m + 1 < m_end) {
         named_barrier_arrive(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
       }
-      if (args.deterministic && leader) {
+      if (leader && (args.deterministic || first)) {
         tma_store_wait_all();
-        semaphore_signal(sem, turn + 1);
+        semaphore_signal(state, args.deterministic ? turn + 1 : 1);
       }
     }
     if (leader) {

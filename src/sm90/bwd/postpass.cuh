@@ -16,6 +16,7 @@ namespace flash3::sm90::bwd {
 
 struct PostpassArgs {
   const float* dq_accum;
+  const int* dq_state;  // or null: every block's sums hold its dQ (kDqAtomic's, zeroed first)
   void* dq;
   flash3::detail::Strides3 dq_stride;  // elements
   VarlenSequences varlen;  // batch 0: dense
@@ -27,8 +28,8 @@ struct PostpassArgs {
 
 inline constexpr int kPostpassThreads = 256;
 
-// One query block: its fp32 sums read in thread order (coalesced float4s),
-// scaled, converted and put in a row-major shared tile, then written out in
+// One query block: its fp32 sums read in thread order (coalesced float4s)
+// (zeros for a block that no key block wrote: its state is 0), scaled, converted and put in a row-major shared tile, then written out in
 // 16-byte row pieces (a warp writes whole rows). Writing the 4-byte pairs of
 // the thread order straight out left half of each 32-byte sector of a store
 // unwritten: H200, d128 seqlen 512, this pass took 124 us against cuDNN's
@@ -53,9 +54,11 @@ __global__ void __launch_bounds__(kPostpassThreads) dq_postpass_kernel(const Pos
        m_block += static_cast<int>(gridDim.x)) {
     const float4* accum = reinterpret_cast<const float4*>(
         args.dq_accum + (q.ws_row0 + m_block * T::kBlockM) * T::kHeadDim);
+    const bool written =
+        args.dq_state == nullptr || args.dq_state[q.ws_row0 / T::kBlockM + m_block] > 0;
     for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4;
          i += kPostpassThreads) {
-      const float4 v = accum[i];
+      const float4 v = written ? accum[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       // Chunk c of thread t of warpgroup w: registers 4c .. 4c + 3 of its dQ,
       // rows g and g + 8 of its warp's 16 in row group c / (regs / 4); with
       // parts of their own sizes (T::kDkvUneven, Mainloop::stage_dq), the

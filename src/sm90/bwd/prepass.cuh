@@ -1,6 +1,7 @@
 // The backward's pre-pass, per (query block, head, batch or sequence): each
 // row's D = rowsum(dO * O) in fp32 and its log-sum-exp times log2(e) into
-// the workspace's padded row arrays, and the block's fp32 dQ sums zeroed.
+// the workspace's padded row arrays, and the block's dQ state zeroed (its
+// fp32 dQ sums too for the kernels that add dQ from registers).
 //
 // D from the 16-bit out carries out's rounding, and a row that sees few keys
 // has P near 1 at some key, where dS = P (dP - D) subtracts D from a dP of
@@ -39,7 +40,8 @@ struct PrepassArgs {
   const float* lse;  // (batch, heads_q, seqlen_q), varlen (heads_q, total_q)
   float* lse_log2;   // per query row of the workspace (workspace.hpp)
   float* dpsum;
-  float* dq_accum;
+  int* dq_state;     // zeroed per query block (workspace.hpp)
+  float* dq_accum;   // zeroed too where the main kernel's consumers add dQ (kDqAtomic), or null
   VarlenSequences varlen;  // batch 0: dense
   const float* sinks;      // with sink_partials: heads_q
   float* sink_partials;    // or null: per query block of the per-row regions (workspace.hpp)
@@ -253,10 +255,16 @@ __global__ void __launch_bounds__(kPrepassThreads, kPrepassBlocksPerSm)
       }
       __syncthreads();  // sink_share is free for the next block
     }
-    float4* dq =
-        reinterpret_cast<float4*>(args.dq_accum + (q.ws_row0 + m_block * T::kBlockM) * T::kHeadDim);
-    for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4; i += kPrepassThreads) {
-      dq[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (threadIdx.x == 0) {
+      args.dq_state[q.ws_row0 / T::kBlockM + m_block] = 0;
+    }
+    if (args.dq_accum != nullptr) {
+      float4* dq = reinterpret_cast<float4*>(args.dq_accum +
+                                             (q.ws_row0 + m_block * T::kBlockM) * T::kHeadDim);
+      for (int i = static_cast<int>(threadIdx.x); i < T::kDqTileFloats / 4;
+           i += kPrepassThreads) {
+        dq[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
   }
 }

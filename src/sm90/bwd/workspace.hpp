@@ -24,14 +24,18 @@ constexpr int block_n(int headdim, int headdim_v) {
 // Byte offsets into the workspace, each region 256-byte aligned:
 //  - dq_accum: fp32 dQ sums, per (batch, head_q, query block) a block of
 //    block_m x headdim floats in the order the kernel's threads hold them
-//    (kernel.cuh: DqLayout); the pre-pass zeroes it;
+//    (mainloop.cuh: for_each_dq_chunk); its first writer stores it (dq_state),
+//    or, for the kernels whose consumers add dQ themselves (kDqAtomic), the
+//    pre-pass zeroes it;
 //  - lse_log2, dpsum: fp32 (batch, head_q, padded seqlen_q): the forward's
 //    log-sum-exp times log2(e) (+inf past seqlen_q) and rowsum(dO * O)
 //    (0 past seqlen_q), written by the pre-pass;
 //  - dk_accum, dv_accum (GQA only): fp32 (batch, head_k, seqlen_k, headdim),
 //    dV's of headdim_v;
-//  - dq_semaphore (deterministic only): int32 per (batch, head_q, query block),
-//    dkv_semaphore (deterministic GQA only): int32 per (batch, head_k, key block).
+//  - dq_state: int32 per (batch, head_q, query block), whether its dQ sums
+//    were written yet, or in deterministic mode whose turn it is (the
+//    pre-pass zeroes it; mainloop.cuh, write_dq_staged);
+//  - dkv_semaphore (deterministic GQA only): int32 per (batch, head_k, key block);
 //  - key_prefix (varlen only): the sequences' key-block prefix sums
 //    (varlen.hpp: block_prefix), which place the main kernel's CTAs;
 //  - sink_partials (with dsinks only): per query block of the per-row
@@ -80,7 +84,7 @@ struct WorkspaceLayout {
   int64_t padded_seqlen_q = 0;  // num_m_blocks * block_m
   size_t dq_accum = 0, lse_log2 = 0, dpsum = 0, dk_accum = 0, dv_accum = 0;
   size_t dkv_end = 0;  // GQA: where the dK / dV sums end
-  size_t dq_semaphore = 0, dkv_semaphore = 0, key_prefix = 0, sink_partials = 0;
+  size_t dq_state = 0, dkv_semaphore = 0, key_prefix = 0, sink_partials = 0;
   size_t bytes = 0;  // the whole workspace
   bool gqa = false;
 
@@ -122,13 +126,10 @@ struct WorkspaceLayout {
       w.dv_accum = take(rows_k * headdim_v * sizeof(float));
       w.dkv_end = at;
     }
-    if (deterministic) {
-      w.dq_semaphore =
-          take(static_cast<size_t>(batch) * heads_q * w.num_m_blocks * sizeof(int32_t));
-      if (w.gqa) {
-        w.dkv_semaphore =
-            take(static_cast<size_t>(batch) * heads_k * w.num_n_blocks * sizeof(int32_t));
-      }
+    w.dq_state = take(static_cast<size_t>(batch) * heads_q * w.num_m_blocks * sizeof(int32_t));
+    if (deterministic && w.gqa) {
+      w.dkv_semaphore =
+          take(static_cast<size_t>(batch) * heads_k * w.num_n_blocks * sizeof(int32_t));
     }
     if (varlen_batch > 0) {
       w.key_prefix = take((static_cast<size_t>(varlen_batch) + 1) * sizeof(int32_t));

@@ -109,17 +109,29 @@ __device__ inline void flag_acquire(uint32_t* flag) {
 // writers of one sum take turns in a fixed order. The waiter acquires the
 // counter, then orders its next bulk (async-proxy) operation after that
 // acquire; the signaller orders its completed bulk operations before the
-// release.
-__device__ inline void semaphore_wait(const int* sem, int value) {
+// release. The same word serves a sum without turns (the backward's dQ sums
+// in any order): 0 while nobody wrote it; the one writer that claims it
+// (-1) stores its part, then signals 1; the others wait for that, then add.
+template <class Ready>
+__device__ inline void semaphore_wait_until(const int* sem, Ready ready) {
   int seen;
   for (;;) {
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(sem) : "memory");
-    if (seen == value) {
+    if (ready(seen)) {
       break;
     }
     __nanosleep(32);
   }
   asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+__device__ inline void semaphore_wait(const int* sem, int value) {
+  semaphore_wait_until(sem, [value](int seen) { return seen == value; });
+}
+// True for the one caller that finds the sum unwritten (it then holds -1).
+__device__ inline bool semaphore_claim(int* sem) { return atomicCAS(sem, 0, -1) == 0; }
+// Until the claimed sum's first part is stored (any count past 0).
+__device__ inline void semaphore_wait_stored(const int* sem) {
+  semaphore_wait_until(sem, [](int seen) { return seen > 0; });
 }
 __device__ inline void semaphore_signal(int* sem, int value) {
   asm volatile("fence.proxy.async.global;" ::: "memory");

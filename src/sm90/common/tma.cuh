@@ -56,6 +56,16 @@ __device__ inline void bulk_load(uint64_t* bar, void* smem, const void* gmem, ui
       : "memory");
 }
 
+// gmem[i] = smem[i] for `bytes` bytes (a multiple of 16, both ends 16-byte
+// aligned), as one bulk operation of the async proxy; a bulk group like
+// tma_store.
+__device__ inline void bulk_store(void* gmem, const void* smem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(
+                   reinterpret_cast<uint64_t>(gmem)),
+               "r"(smem_u32(smem)), "r"(bytes)
+               : "memory");
+}
+
 // gmem[i] += smem[i] for `bytes` / 4 floats (a multiple of 16 bytes, both
 // ends 16-byte aligned), as one bulk operation of the async proxy (atomic per
 // element); a bulk group like tma_store.
