@@ -42,13 +42,31 @@ std::vector<float> random_dout(const BackwardCase& c) {
   return x;
 }
 
+namespace {
+
+// 0 where the call is refused (its own error then tells why).
+size_t workspace_size(const DeviceProblem& problem, const BackwardOptions& options) {
+  size_t bytes = 0;
+  const Status s =
+      flash3::backward_workspace_size(problem.q(), problem.k(), problem.v(), options, &bytes);
+  return s.ok() ? bytes : 0;
+}
+
+}  // namespace
+
 BackwardProblem::BackwardProblem(const BackwardCase& c, const Inputs& inputs,
                                  const std::vector<float>& dout)
     : case_(c),
       place_(place(c.forward)),
       forward_(c.forward, inputs),
       dout_(place_.out_size * sizeof(Bits)),
-      grads_(place_.inputs_size * sizeof(Bits)) {
+      grads_(place_.inputs_size * sizeof(Bits)),
+      workspace_bytes_(workspace_size(forward_, options())),
+      workspace_(workspace_bytes_) {
+  if (workspace_bytes_ > 0) {
+    check_cuda(cudaMemset(workspace_.get(), kPoisonByte, workspace_bytes_),
+               "poison the workspace");
+  }
   const std::vector<Bits> staging = scatter(c.forward, place_.out_size, place_.out, dout);
   check_cuda(cudaMemcpy(dout_.get(), staging.data(), staging.size() * sizeof(Bits),
                         cudaMemcpyHostToDevice),
@@ -58,8 +76,7 @@ BackwardProblem::BackwardProblem(const BackwardCase& c, const Inputs& inputs,
   check_cuda(cudaDeviceSynchronize(), "set up the problem");
 }
 
-Status BackwardProblem::run(cudaStream_t stream) const {
-  const DType dtype = case_.forward.dtype;
+BackwardOptions BackwardProblem::options() const {
   BackwardOptions options;
   options.causal = case_.forward.causal;
   options.softmax_scale = case_.forward.softmax_scale;
@@ -68,6 +85,16 @@ Status BackwardProblem::run(cudaStream_t stream) const {
   options.window_right = case_.forward.window_right;
   options.attention_chunk = case_.forward.attention_chunk;
   options.softcap = case_.forward.softcap;
+  return options;
+}
+
+Status BackwardProblem::run(cudaStream_t stream) const {
+  const DType dtype = case_.forward.dtype;
+  BackwardOptions options = this->options();
+  if (workspace_bytes_ > 0) {
+    options.workspace = workspace_.get();
+    options.workspace_bytes = workspace_bytes_;
+  }
   return flash3::backward(view_tensor(dout_.get(), dtype, place_.out), forward_.q(),
                           forward_.k(), forward_.v(), forward_.out(), forward_.lse(),
                           view_tensor(grads_.get(), dtype, place_.q),

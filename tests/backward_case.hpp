@@ -38,10 +38,17 @@ class BackwardProblem {
   Output forward_output() const { return forward_.download(); }
 
  private:
+  BackwardOptions options() const;
+
   BackwardCase case_;
   Placement place_;  // dq, dk, dv at q, k, v's places; dout at out's
   DeviceProblem forward_;
   DeviceBuffer dout_, grads_;
+  // The caller's workspace, poisoned once (NaN floats, -1 ints): the
+  // backward may assume nothing of its contents, and later runs find the
+  // sums of the earlier ones there.
+  size_t workspace_bytes_ = 0;
+  DeviceBuffer workspace_;
 };
 
 // N(0, 1) dout (out's shape) of the case's dtype, seeded by the case's name.
