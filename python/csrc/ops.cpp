@@ -952,10 +952,16 @@ class Attention : public torch::autograd::Function<Attention> {
     ctx->save_for_backward({q, k, v, out, lse});
     SavedOptions::save(ctx, softmax_scale, causal, deterministic);
     ctx->mark_non_differentiable({lse});
+    // No zeros for lse's gradient, which nobody reads (a (batch, heads,
+    // seqlen) float tensor and a memset a backward call).
+    ctx->set_materialize_grads(false);
     return {out, lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) {  // out's gradient not materialized: no gradient flows
+      return variable_list(11);
+    }
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::bwd", "")
                          .typed<decltype(bwd_cuda)>();
@@ -1047,10 +1053,14 @@ class VarlenAttention : public torch::autograd::Function<VarlenAttention> {
     ctx->saved_data["max_seqlen_q"] = max_seqlen_q;
     SavedOptions::save(ctx, softmax_scale, causal, deterministic);
     ctx->mark_non_differentiable({lse});
+    ctx->set_materialize_grads(false);  // as Attention's
     return {out, lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) {
+      return variable_list(15);
+    }
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::bwd_varlen", "")
                          .typed<decltype(bwd_varlen_cuda)>();

@@ -228,3 +228,35 @@ def test_fp8_has_no_backward():
     with pytest.raises(NotImplementedError, match="the FP8 path has no backward yet"):
         out.float().sum().backward()
 
+
+
+@requires_hopper
+@pytest.mark.parametrize("varlen", [False, True])
+def test_backward_peak_memory_is_gradients_and_workspace(varlen):
+    """Through autograd a backward allocates dq, dk, dv and its workspace (the fp32 dQ sums and
+    two fp32 row arrays), nothing of the size of the log-sum-exp beyond them: no zeros for lse's
+    gradient, which nothing reads (rows of 2 MiB here, so one more would show)."""
+    from flash3.flash_attn_interface import flash_attn_func, flash_attn_varlen_func
+
+    batch, seqlen, heads, headdim = 4, 4096, 32, 64
+    q, k, v = qkv(batch, seqlen, seqlen, heads, heads, headdim, torch.bfloat16)
+    dout = torch.randn_like(q)
+    if varlen:
+        cu = torch.arange(0, (batch + 1) * seqlen, seqlen, dtype=torch.int32, device="cuda")
+        flat = [x.reshape(batch * seqlen, heads, headdim) for x in (q, k, v)]
+        out, lse = flash_attn_varlen_func(*flat, cu, cu, seqlen, seqlen, return_attn_probs=True)
+        dout = dout.reshape(out.shape)
+    else:
+        out, lse = flash_attn_func(q, k, v, return_attn_probs=True)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    rows = batch * heads * seqlen  # a multiple of every backward's 64 or 128 query rows
+    # varlen's workspace pads each sequence's rows by one block (128 rows).
+    padded_rows = rows + (batch + 1) * heads * 128 if varlen else rows
+    bound = 3 * q.numel() * 2 + padded_rows * headdim * 4 + 2 * padded_rows * 4 + 256 * 1024
+    assert peak <= bound, f"peak {peak / 2**20:.2f} MiB over {bound / 2**20:.2f} MiB"
+    assert all(torch.isfinite(g).all() for g in grads)
