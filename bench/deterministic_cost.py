@@ -34,20 +34,20 @@ def cell_key(record):
 def costs(runs):
     """runs: {mode: [records of one flash3_bench run, ...]}. One row per cell that every run
     of both modes timed: the median ms of each mode over its runs, and the cost."""
-    medians = {}
+    timed = {}  # per mode and cell: (ms, TFLOP/s) of every run
     for mode in MODES:
         times = {}
         for records in runs[mode]:
             for r in records:
                 if r.get("ms_median") is not None:
                     times.setdefault(cell_key(r), []).append((r["ms_median"], r["tflops"]))
-        medians[mode] = {key: v for key, v in times.items() if len(v) == len(runs[mode])}
+        timed[mode] = {key: v for key, v in times.items() if len(v) == len(runs[mode])}
     rows = []
-    for key in sorted(set(medians["default"]) & set(medians["deterministic"])):
+    for key in sorted(set(timed["default"]) & set(timed["deterministic"])):
         row = {"dtype": key[0], "headdim": key[1], "causal": key[2], "seqlen": key[3]}
         for mode in MODES:
-            row[f"{mode}_ms"] = statistics.median(ms for ms, _ in medians[mode][key])
-            row[f"{mode}_tflops"] = statistics.median(t for _, t in medians[mode][key])
+            row[f"{mode}_ms"] = statistics.median(ms for ms, _ in timed[mode][key])
+            row[f"{mode}_tflops"] = statistics.median(t for _, t in timed[mode][key])
         row["cost"] = row["deterministic_ms"] / row["default_ms"] - 1.0
         rows.append(row)
     return rows

@@ -279,8 +279,8 @@ Status backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tens
 // deterministic and whether dsinks is given count). Pure host code: needs no
 // GPU. An fp32 dQ accumulator, two fp32 row statistics and an int per
 // query block, fp32 dK/dV accumulators with GQA (and an int per key block
-// when deterministic), one float per query block with dsinks: O(seqlen * headdim), never O(seqlen^2). For v of q's
-// head dim, or narrower ((192, 128)); with v wider than q ((64, 256)) the
+// when deterministic), one float per query block with dsinks: O(seqlen *
+// headdim), never O(seqlen^2). For v of q's head dim, or narrower ((192, 128)); with v wider than q ((64, 256)) the
 // overload that takes v (of v only its head dim and dtype count).
 Status backward_workspace_size(const Tensor& q, const Tensor& k, const BackwardOptions& options,
                                size_t* bytes);

@@ -170,13 +170,13 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   if (Status s = bwd_launch::workspace_of(p, w.bytes, stream, &ws); !s.ok()) {
     return s;
   }
-  // The main kernel's configuration (deterministic: its own where it has
-  // one, traits.cuh, ConfigFor): whether its consumers add dQ into zeroed
-  // sums themselves (kDqAtomic), or its dQ writer stores each block's first
-  // part and adds the others (the dQ state, workspace.hpp).
+  // The main kernel's Traits: TD where deterministic mode has kernels of
+  // its own (traits.cuh, ConfigFor), else T. They say whether its consumers
+  // add dQ into zeroed sums themselves (kDqAtomic), or its dQ writer stores
+  // each block's first part and adds the others (the dQ state, workspace.hpp).
   using TD = sm90::bwd::Traits<kDType, kHeadDim, kHeadDimV, true>;
-  const bool dq_atomic =
-      TD::Config::kOwnKernels && p.deterministic ? TD::kDqAtomic : T::kDqAtomic;
+  const bool own_deterministic = TD::Config::kOwnKernels && p.deterministic;
+  const bool dq_atomic = own_deterministic ? TD::kDqAtomic : T::kDqAtomic;
   cudaError_t err = cudaSuccess;
   // Sums that start at zero: GQA's dK / dV (two regions one after the
   // other), and their deterministic turns.
@@ -258,7 +258,8 @@ Status launch_backward_sm90(const BackwardParams& p, cudaStream_t stream) {
   };
   Status s;
   if constexpr (TD::Config::kOwnKernels) {
-    s = p.deterministic ? main_of(bwd_launch::TraitsTag<TD>{}) : main_of(bwd_launch::TraitsTag<T>{});
+    s = own_deterministic ? main_of(bwd_launch::TraitsTag<TD>{})
+                          : main_of(bwd_launch::TraitsTag<T>{});
   } else {
     s = main_of(bwd_launch::TraitsTag<T>{});
   }

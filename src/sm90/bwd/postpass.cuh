@@ -28,8 +28,9 @@ struct PostpassArgs {
 
 inline constexpr int kPostpassThreads = 256;
 
-// One query block: its fp32 sums read in thread order (coalesced float4s)
-// (zeros for a block that no key block wrote: its state is 0), scaled, converted and put in a row-major shared tile, then written out in
+// One query block: its fp32 sums read in thread order (coalesced float4s;
+// zeros for a block that no key block wrote: its state is 0), scaled,
+// converted and put in a row-major shared tile, then written out in
 // 16-byte row pieces (a warp writes whole rows). Writing the 4-byte pairs of
 // the thread order straight out left half of each 32-byte sector of a store
 // unwritten: H200, d128 seqlen 512, this pass took 124 us against cuDNN's
