@@ -45,6 +45,26 @@ struct Mainloop {
   const Mask<kBlockM, kBlockN, kCausal, kLocal> mask;  // of the block's sequence
   const KeyBlock blk;
   int m_begin, m_end;  // the query blocks that see this key block
+  // The unmasked kernels in the default mode: the CTA's first query block is
+  // m_begin + m_rotate, and it wraps around from m_end (query_block).
+  int m_rotate = 0;
+  static constexpr bool kRotates = !kCausal && !kLocal;
+
+  // The query block of step m (m_begin <= m < m_end). Every key block of a
+  // head reached the same query blocks in the same steps, so that in the
+  // unmasked kernels all of them added into one dQ tile at once (and waited
+  // for its first writer's store); rotated by n M / N (kernel.cuh), each
+  // query block is first reached by one key block, the others later. Never
+  // in deterministic mode, whose turns (dq_turn) are those of the steps in
+  // order: a rotated order would wait for CTAs that may not have started.
+  __device__ int query_block(int m) const {
+    if constexpr (!kRotates) {
+      return m;
+    } else {
+      const int q = m + m_rotate;
+      return q < m_end ? q : q - (m_end - m_begin);
+    }
+  }
 
   // ---------------------------------------------------------------- producer (one thread)
   // K, the first Q, V, the first dO, then the Q and dO rings: the first
@@ -61,16 +81,17 @@ struct Mainloop {
     }
     Pipeline pipe;
     for (int m = m_begin; m < m_end; ++m, pipe.advance()) {
-      const int64_t rows = blk.q.ws_row0 + m * kBlockM;
+      const int block = query_block(m);
+      const int64_t rows = blk.q.ws_row0 + block * kBlockM;
       smem.q_empty[pipe.stage].wait(pipe.phase ^ 1u);  // the first pass finds it free
       load_rows<T::kColBlocks>(&args.q, smem.q_full[pipe.stage], smem.q[pipe.stage],
-                smem.lse_log2[pipe.stage], args.lse_log2 + rows, m);
+                smem.lse_log2[pipe.stage], args.lse_log2 + rows, block);
       if (T::kKFirst && m == m_begin) {
         load_kv<T::kColBlocksV>(&args.v, smem.v_full, smem.v, T::kVTileBytes);
       }
       smem.do_empty[pipe.stage].wait(pipe.phase ^ 1u);
       load_rows<T::kColBlocksV>(&args.dout, smem.do_full[pipe.stage], smem.dout[pipe.stage],
-                smem.dpsum[pipe.stage], args.dpsum + rows, m);
+                smem.dpsum[pipe.stage], args.dpsum + rows, block);
     }
   }
   // The CTA's K or V tile (kBlocks column blocks of kBlockN keys).
@@ -129,8 +150,9 @@ struct Mainloop {
     }
     for (int m = m_begin; m < m_end; ++m) {
       named_barrier_sync(NamedBarrier::kBwdDqFull, kDqSyncThreads);
-      int* state = args.dq_state + blk.q.ws_row0 / kBlockM + m;
-      const int turn = dq_turn(m);
+      const int block = query_block(m);
+      int* state = args.dq_state + blk.q.ws_row0 / kBlockM + block;
+      const int turn = dq_turn(block);
       bool first = false;
       if (leader) {
         if (args.deterministic) {
@@ -142,7 +164,7 @@ struct Mainloop {
             semaphore_wait_stored(state);
           }
         }
-        float* sums = args.dq_accum + (blk.q.ws_row0 + m * kBlockM) * kHeadDim;
+        float* sums = args.dq_accum + (blk.q.ws_row0 + block * kBlockM) * kHeadDim;
         constexpr uint32_t kBytes = T::kDqTileFloats * sizeof(float);
         if (first) {
           bulk_store(sums, smem.dq_staging.dq, kBytes);
@@ -549,7 +571,7 @@ struct Mainloop {
 
       mma_wait<1>();  // S^T
       fence_operands(s);
-      probabilities(s, stage, m, key_row0, c.col);
+      probabilities(s, stage, query_block(m), key_row0, c.col);
       mma_wait<0>();  // dP^T
       fence_operands(dp);
       score_gradients(s, dp, stage, c.col);
@@ -608,7 +630,7 @@ struct Mainloop {
         }
       };
       if (!T::kScoresAhead || m + 1 == m_end) {
-        hand_off_dq(dq, warpgroup, m);
+        hand_off_dq(dq, warpgroup, query_block(m));
         release_q(std::false_type{});
         if (T::kScoresAhead) {
           break;
@@ -618,7 +640,7 @@ struct Mainloop {
       // kScoresAhead: the next step's S^T GEMM issued once dQ is staged (its
       // registers free), so that it runs while this warpgroup hands dQ
       // over and the next step waits for dO.
-      hand_off_dq(dq, warpgroup, m, [&] {
+      hand_off_dq(dq, warpgroup, query_block(m), [&] {
         Pipeline next = pipe;
         next.advance();
         smem.q_full[next.stage].wait(next.phase);
@@ -668,7 +690,7 @@ struct Mainloop {
         gemm_transposed_scores<kHeadDim>(smem_u32(smem.k), smem_u32(smem.q[stage]), acc);
         mma_wait<0>();
         fence_operands(acc);
-        probabilities(acc, stage, m, key_row0, c.col);
+        probabilities(acc, stage, query_block(m), key_row0, c.col);
 #pragma unroll
         for (int i = 0; i < T::kPRegs; ++i) {
           x16[i] = pack2<Element>(acc[2 * i], acc[2 * i + 1]);
@@ -726,7 +748,7 @@ struct Mainloop {
           fence_operands(dq[rg]);
         }
         smem.do_empty[stage].arrive();
-        hand_off_dq(dq, kW, m);
+        hand_off_dq(dq, kW, query_block(m));
         mma_wait<0>();
         fence_operands(dk);
         smem.q_empty[stage].arrive();
@@ -746,7 +768,7 @@ struct Mainloop {
       for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
         fence_operands(dq[rg]);
       }
-      finish_step(stage, dq, kW, m);
+      finish_step(stage, dq, kW, query_block(m));
     }
     if (kW == 0 && m_begin < m_end) {
       smem.v_full.wait(0);  // V landed before the dK / dV epilogue may write over it
