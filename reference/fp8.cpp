@@ -43,11 +43,9 @@ size_t scale_count(const TensorDims& d, int block_rows) {
              : static_cast<size_t>(d.batch) * d.heads * blocks_per_head(d, block_rows);
 }
 
+// The butterflies of walsh_hadamard, without its 1 / sqrt(d).
 template <class T>
-bool walsh_hadamard_impl(T* row, int d) {
-  if (!is_hadamard_dim(d)) {
-    return false;
-  }
+void butterflies(T* row, int d) {
   for (int h = 1; h < d; h *= 2) {
     for (int i = 0; i < d; i += 2 * h) {
       for (int j = i; j < i + h; ++j) {
@@ -58,6 +56,14 @@ bool walsh_hadamard_impl(T* row, int d) {
       }
     }
   }
+}
+
+template <class T>
+bool walsh_hadamard_impl(T* row, int d) {
+  if (!is_hadamard_dim(d)) {
+    return false;
+  }
+  butterflies(row, d);
   const T norm = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
   for (int j = 0; j < d; ++j) {
     row[j] *= norm;
@@ -212,9 +218,16 @@ Fp8Tensor quantize_e4m3(const TensorDims& dims, const std::vector<float>& x,
   std::vector<float> rows = x;
   Fp8Tensor t{dims, options.block_rows, std::vector<uint8_t>(x.size()),
               std::vector<float>(scale_count(dims, options.block_rows), 0.0f)};
+  // walsh_hadamard's normalisation, applied with the scale.
+  const float norm =
+      options.hadamard ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.headdim)))
+                       : 1.0f;
   for_each_tensor_row(dims, [&](int b, int i, int h, size_t at) {
     if (options.hadamard) {
-      randomized_hadamard(&rows[at], dims.headdim, options.seed);
+      for (int c = 0; c < dims.headdim; ++c) {
+        rows[at + c] *= hadamard_sign(options.seed, c);
+      }
+      butterflies(&rows[at], dims.headdim);
     }
     float& amax = t.descale[t.scale_index(b, i, h)];
     for (int c = 0; c < dims.headdim; ++c) {
@@ -222,15 +235,14 @@ Fp8Tensor quantize_e4m3(const TensorDims& dims, const std::vector<float>& x,
     }
   });
   for (float& scale : t.descale) {
-    scale = scale / kE4m3Max;
-    if (scale == 0.0f) {
-      scale = kUnitScale;
-    }
+    const float normalised = scale * norm;
+    scale = normalised / kE4m3Max;
+    scale = scale == 0.0f ? kUnitScale : std::max(scale, kMinScale);
   }
   for_each_tensor_row(dims, [&](int b, int i, int h, size_t at) {
-    const float scale = t.descale_at(b, i, h);
+    const float factor = norm / t.descale_at(b, i, h);
     for (int c = 0; c < dims.headdim; ++c) {
-      t.data[at + c] = float_to_e4m3(rows[at + c] / scale);
+      t.data[at + c] = float_to_e4m3(rows[at + c] * factor);
     }
   });
   return t;

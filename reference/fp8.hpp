@@ -27,6 +27,7 @@ namespace flash3::ref {
 // 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; NaN is
 // S.1111.111; subnormals are multiples of 2^-9.
 inline constexpr float kE4m3Max = 448.0f;
+inline constexpr float kMinScale = 1.17549435e-38f;  // FLT_MIN: see quantize_e4m3
 inline constexpr uint8_t kE4m3MaxBits = 0x7E;
 inline constexpr uint8_t kE4m3Nan = 0x7F;  // CUDA's canonical NaN
 inline constexpr uint8_t kE4m3SignBit = 0x80;
@@ -135,11 +136,18 @@ struct Fp8Tensor {
   float descale_at(int b, int row, int h) const;
 };
 
-// Each scale group (block or tensor), after the optional transform:
-//   scale = amax / kE4m3Max in float (1 where that is 0: an all-zero group),
-//   code  = float_to_e4m3(x / scale) (IEEE float division: no fast math),
-// and descale = scale. x / scale never exceeds 448 by more than rounding,
-// which saturation absorbs. Throws std::invalid_argument on a size mismatch,
+// Each scale group (block or tensor), with y the rows after the optional
+// transform left unnormalised (the sign flips and butterflies of
+// randomized_hadamard, without its final 1 / sqrt(d)), norm = float(1 /
+// sqrt(d)) with the transform and 1 without, amax = max |y| over the group,
+// in float (IEEE, no fast math):
+//   scale  = (amax * norm) / kE4m3Max, 1 where that is 0 (an all-zero
+//            group), at least kMinScale (FLT_MIN) otherwise,
+//   factor = norm / scale,
+//   code   = float_to_e4m3(y * factor),
+// and descale = scale: the transform's normalisation is applied with the
+// scale, in one multiplication an element (the GPU kernel's order). |y *
+// factor| never exceeds 448 by more than rounding, which saturation absorbs. Throws std::invalid_argument on a size mismatch,
 // a negative block_rows, or the transform with a head dim it does not take.
 Fp8Tensor quantize_e4m3(const TensorDims& dims, const std::vector<float>& x,
                         const QuantOptions& options);

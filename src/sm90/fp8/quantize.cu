@@ -5,10 +5,14 @@
 // Blocks of up to kSliceRows rows (the default 128): one CTA per (batch,
 // row block, head), heads fastest so that the CTAs running together read
 // neighbouring memory. The CTA walks its block in kCachedPasses passes of
-// kRowsPerPass rows (row.cuh says how a row lies on 8 lanes):
-//   amax pass:   load, transform, |max|; the rows stay in registers
-//   scale:       warp max, then across warps through shared memory
-//   encode pass: e4m3(x / scale) of the rows in registers
+// kRowsPerPass rows (row.cuh says how a row lies on 4 lanes):
+//   amax pass:   load, transform (the Hadamard transform unnormalised),
+//                |max|; the rows stay in registers
+//   scale:       warp max, then across warps through shared memory;
+//                scale = amax norm / 448 (norm = 1 / sqrt(d) after the
+//                transform, else 1), factor = norm / scale
+//   encode pass: e4m3(x factor) of the rows in registers
+// (ref::quantize_e4m3 computes the same floats in the same order.)
 // Longer blocks (one scale per head: block_rows = seqlen) are cut into
 // slices of kSliceRows rows, one CTA each, in three launches after zeroing
 // the descales: every slice's amax into its block's descale word
@@ -38,7 +42,7 @@ struct QuantizeArgs {
   int heads;
   int block_rows;
   int blocks_per_head;
-  float norm;  // float(1 / sqrt(headdim)), rounded as the reference rounds it
+  float norm;  // float(1 / sqrt(headdim)) after the Hadamard transform (as the reference rounds it), else 1
   uint32_t sign_bits[kMaxHeadDim / kBitsPerWord];  // bit j: column j's Hadamard sign is -1
 };
 
@@ -49,10 +53,16 @@ enum class QuantizePass {
   kEncode,  // the same slice: encode with the scale of the block's amax
 };
 
-// amax / 448 (IEEE division), 1 where that is 0.
-__device__ __forceinline__ float scale_of_amax(float amax) {
-  const float scale = __fdiv_rn(amax, kE4m3Max);
-  return scale == 0.0f ? kUnitScale : scale;
+// The scale of a block whose rows' (unnormalised) |max| is amax: amax norm
+// / 448 (IEEE rounding each), 1 where that is 0, at least kMinScale (so
+// that norm / scale is finite: row.cuh).
+__device__ __forceinline__ float scale_of_amax(float amax, float norm) {
+  const float scale = __fdiv_rn(__fmul_rn(amax, norm), kE4m3Max);
+  return scale == 0.0f ? kUnitScale : fmaxf(scale, kMinScale);
+}
+// What the encode pass multiplies by: norm / scale.
+__device__ __forceinline__ float factor_of_scale(float scale, float norm) {
+  return __fdiv_rn(norm, scale);
 }
 
 // The CTA's amax from every thread's. The order of the maxima does not
@@ -135,22 +145,23 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
     }
     Fragment f = to_floats<kDType, kHeadDim>(raw);
     if constexpr (kHadamard) {
-      walsh_hadamard(f, lane_in_row, args.norm);
+      walsh_hadamard(f, lane_in_row);
     }
     return f;
   };
-  const auto store = [&](const Fragment& f, int pass, float scale) {
+  const auto store = [&](const Fragment& f, int pass, float factor) {
     const int row = row_of(pass);
-    store_codes(f, scale, x_fp8 + row * args.x_fp8_stride.seq, row < rows, lane_in_row);
+    store_codes(f, factor, x_fp8 + row * args.x_fp8_stride.seq, row < rows, lane_in_row);
   };
 
   if constexpr (kPass == QuantizePass::kEncode) {
-    const float scale = scale_of_amax(*descale);  // the block's amax, from kAmax
+    // The block's amax, from kAmax.
+    const float factor = factor_of_scale(scale_of_amax(*descale, args.norm), args.norm);
     if constexpr (kHadamard) {
       __syncthreads();  // the sign masks
     }
     for (int p = 0; p < passes; ++p) {
-      store(transform(load(p)), p, scale);
+      store(transform(load(p)), p, factor);
     }
   } else {
     // Amax pass: all cached loads in flight before the first transform.
@@ -178,16 +189,17 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
         atomicMax(reinterpret_cast<unsigned*>(descale), __float_as_uint(amax));
       }
     } else {
-      const float scale = scale_of_amax(amax);
+      const float scale = scale_of_amax(amax, args.norm);
       if (threadIdx.x == 0) {
         *descale = scale;
       }
+      const float factor = factor_of_scale(scale, args.norm);
 
       // Encode pass.
 #pragma unroll
       for (int p = 0; p < T::kCachedPasses; ++p) {
         if (p < passes) {
-          store(cached[p], p, scale);
+          store(cached[p], p, factor);
         }
       }
     }
@@ -195,10 +207,10 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
 }
 
 // After kAmax and kEncode: each block's descale word from amax to scale.
-__global__ void amax_to_scale_kernel(float* descale, int count) {
+__global__ void amax_to_scale_kernel(float* descale, int count, float norm) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < count) {
-    descale[i] = scale_of_amax(descale[i]);
+    descale[i] = scale_of_amax(descale[i], norm);
   }
 }
 
@@ -218,8 +230,9 @@ sm90::fp8::QuantizeArgs quantize_args(const QuantizeParams& p) {
   args.heads = p.heads;
   args.block_rows = p.block_rows;
   args.blocks_per_head = p.blocks_per_head;
-  // The reference's expression (ref::walsh_hadamard), evaluated on the host.
-  args.norm = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)));
+  // The reference's expression (ref::quantize_e4m3), evaluated on the host.
+  args.norm = p.hadamard ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)))
+                         : 1.0f;
   for (int j = 0; p.hadamard && j < p.headdim; ++j) {
     if (incoherent::hadamard_sign(p.seed, j) < 0) {
       args.sign_bits[j / sm90::fp8::kBitsPerWord] |= 1u << (j % sm90::fp8::kBitsPerWord);
@@ -257,7 +270,7 @@ Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
         <<<grid, T::kThreads, 0, stream>>>(args);
     amax_to_scale_kernel<<<static_cast<unsigned>((p.num_blocks + kFinishThreads - 1) /
                                                  kFinishThreads),
-                           kFinishThreads, 0, stream>>>(p.descale, p.num_blocks);
+                           kFinishThreads, 0, stream>>>(p.descale, p.num_blocks, args.norm);
   }
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

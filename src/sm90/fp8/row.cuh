@@ -1,5 +1,6 @@
-// One row of the quantization kernel as 8 lanes hold it: load, the
-// randomized Hadamard transform, |max|, encode to e4m3. Every float operation
+// One row of the quantization kernel as 4 lanes hold it: load, the
+// randomized Hadamard transform (its 1 / sqrt(d) left to the encoding
+// factor), |max|, encode to e4m3. Every float operation
 // is the CPU reference's (reference/fp8.cpp), in its order and rounding, so
 // the codes and scales match it bit for bit.
 #pragma once
@@ -18,6 +19,9 @@ inline constexpr unsigned kFullWarp = 0xFFFFFFFFu;
 inline constexpr int kWarpSize = 32;
 inline constexpr float kE4m3Max = 448.0f;  // the largest finite e4m3 value (ref::kE4m3Max)
 inline constexpr float kUnitScale = 1.0f;  // the scale of an all-zero block
+// The least scale of a block that is not all zeros (ref::kMinScale): FLT_MIN,
+// below which norm / scale, the encoding factor, could overflow.
+inline constexpr float kMinScale = 1.17549435e-38f;
 inline constexpr int kMaxHeadDim = 256;
 inline constexpr int kBitsPerWord = 32;
 inline constexpr int kHalfBits = 16;
@@ -25,33 +29,36 @@ inline constexpr int kHalfBits = 16;
 // How one CTA spreads a block of rows over its threads.
 //
 // A row is spread over kLanesPerRow lanes in 16-byte chunks of kChunkElems
-// elements: lane l holds chunks l, l + 8, l + 16, ... So element j of the row
-// sits in lane (j / 8) % 8, chunk slot j / 64, position j % 8, and
-//  - every load instruction reads 128 contiguous bytes of each row;
-//  - the butterflies of h = 1, 2, 4 (position bits) and h = 64, 128 (slot
-//    bits) stay inside a lane; only h = 8, 16, 32 cross lanes, 3 shuffles per
-//    element at every head dim (d/32 consecutive elements per lane would
-//    take 5, about as many as the SM's shuffle rate allows at HBM speed).
+// elements: lane l holds chunks l, l + 4, l + 8, ... So element j of the row
+// sits in lane (j / 8) % 4, chunk slot j / 32, position j % 8, and
+//  - every load instruction reads 64 contiguous bytes of each row (8 rows a
+//    warp), every store 32 (one sector);
+//  - the butterflies of h = 1, 2, 4 (position bits) and h = 32, 64, 128 (slot
+//    bits) stay inside a lane; only h = 8, 16 cross lanes: 2 shuffles per
+//    element at every head dim. The kernel is bound by its instruction issue
+//    as much as by memory (a Hadamard element took about 24 instructions with
+//    8 lanes a row, an IEEE division and the normalisation each): each
+//    cross-lane stage is a shuffle and an FMA, an in-lane one an add.
 template <int kHeadDim>
 struct QuantizeTraits {
   static constexpr int kWarps = 16;
   static constexpr int kThreads = kWarps * kWarpSize;
-  static constexpr int kLanesPerRow = 8;
+  static constexpr int kLanesPerRow = 4;
   static constexpr int kChunkElems = 8;  // 16 bytes of fp16/bf16 in, 8 bytes of e4m3 out
-  static constexpr int kChunks = kHeadDim / (kLanesPerRow * kChunkElems);  // per lane: 1, 2, 4
+  static constexpr int kChunks = kHeadDim / (kLanesPerRow * kChunkElems);  // per lane: 2, 4, 8
   static constexpr int kChunkWords = kChunkElems / 2;                      // 32-bit words in
-  static constexpr int kRowsPerPass = kThreads / kLanesPerRow;             // 64 rows side by side
+  static constexpr int kRowsPerPass = kThreads / kLanesPerRow;             // 128 rows side by side
   // Passes whose rows stay in registers from the amax pass to the encode
   // pass: the 128 rows of one CTA (a default block, or a slice of a longer
   // one; quantize.cu) are read once.
-  static constexpr int kCachedPasses = 2;
+  static constexpr int kCachedPasses = 1;
   // At head dim 256 the cached rows alone take 64 registers a thread, more
   // than two CTAs of 512 threads leave; below it two CTAs share an SM, so
   // one's loads overlap the other's arithmetic.
   static constexpr int kMinBlocksPerSm = kHeadDim == kMaxHeadDim ? 1 : 2;
 
   static_assert(kChunks >= 1 && kChunks * kLanesPerRow * kChunkElems == kHeadDim,
-                "head dim must be a multiple of 64");
+                "head dim must be a multiple of 32");
   static_assert(kHeadDim <= kMaxHeadDim, "the sign table holds kMaxHeadDim columns");
 };
 
@@ -147,11 +154,11 @@ __device__ inline void butterfly(float& a, float& b) {
   a = sum;
 }
 
-// row <- row H_d / sqrt(d) as ref::walsh_hadamard: butterflies over the
-// pairs (j, j + h) for h = 1, 2, 4, ..., d / 2 in that order, then every
-// element times `norm` = float(1 / sqrt(d)).
+// row <- row H_d (unnormalised: the 1 / sqrt(d) is in the encoding factor,
+// as ref::quantize_e4m3 has it): butterflies over the pairs (j, j + h) for
+// h = 1, 2, 4, ..., d / 2 in that order.
 template <int kHeadDim>
-__device__ void walsh_hadamard(RowFragment<kHeadDim>& row, int lane_in_row, float norm) {
+__device__ void walsh_hadamard(RowFragment<kHeadDim>& row, int lane_in_row) {
   using T = QuantizeTraits<kHeadDim>;
   // h = 1, 2, 4: positions e and e + h of a chunk.
 #pragma unroll
@@ -166,7 +173,7 @@ __device__ void walsh_hadamard(RowFragment<kHeadDim>& row, int lane_in_row, floa
       }
     }
   }
-  // h = 8, 16, 32: the same slot of lanes lane_in_row and lane_in_row ^ m.
+  // h = 8, 16: the same slot of lanes lane_in_row and lane_in_row ^ m.
   // The lower lane holds a and computes a + b; the upper holds b and
   // computes fma(b, -1, a) = a - b (the product is exact: one rounding).
 #pragma unroll
@@ -181,7 +188,7 @@ __device__ void walsh_hadamard(RowFragment<kHeadDim>& row, int lane_in_row, floa
       }
     }
   }
-  // h = 64, 128: slots c and c + s of a lane.
+  // h = 32, 64, 128: slots c and c + s of a lane.
 #pragma unroll
   for (int s = 1; s < T::kChunks; s *= 2) {
 #pragma unroll
@@ -192,13 +199,6 @@ __device__ void walsh_hadamard(RowFragment<kHeadDim>& row, int lane_in_row, floa
           butterfly(row.v[c][e], row.v[c + s][e]);
         }
       }
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < T::kChunks; ++c) {
-#pragma unroll
-    for (int e = 0; e < T::kChunkElems; ++e) {
-      row.v[c][e] = __fmul_rn(row.v[c][e], norm);
     }
   }
 }
@@ -217,18 +217,19 @@ __device__ float fragment_amax(const RowFragment<kHeadDim>& row, float amax) {
   return amax;
 }
 
-// Two codes, the first in the low byte: round to nearest even, saturate at
-// +-448, NaN to 0x7F (cvt.rn.satfinite.e4m3x2.f32; __nv_cvt_float2_to_fp8x2
-// puts .x in the low byte).
-__device__ inline uint32_t encode_pair(float first, float second, float scale) {
-  const float2 pair = make_float2(__fdiv_rn(first, scale), __fdiv_rn(second, scale));
+// Two codes of x times `factor` (norm / scale: quantize.cu), the first in the
+// low byte: round to nearest even, saturate at +-448, NaN to 0x7F
+// (cvt.rn.satfinite.e4m3x2.f32; __nv_cvt_float2_to_fp8x2 puts .x in the low
+// byte).
+__device__ inline uint32_t encode_pair(float first, float second, float factor) {
+  const float2 pair = make_float2(__fmul_rn(first, factor), __fmul_rn(second, factor));
   return __nv_cvt_float2_to_fp8x2(pair, __NV_SATFINITE, __NV_E4M3);
 }
 
-// code = e4m3(x / scale) for the lane's elements, stored in the row at
+// code = e4m3(x factor) for the lane's elements, stored in the row at
 // `out_row` (e4m3 bytes) where valid.
 template <int kHeadDim>
-__device__ void store_codes(const RowFragment<kHeadDim>& row, float scale, void* out_row,
+__device__ void store_codes(const RowFragment<kHeadDim>& row, float factor, void* out_row,
                             bool valid, int lane_in_row) {
   using T = QuantizeTraits<kHeadDim>;
   uint2* chunks = static_cast<uint2*>(out_row);
@@ -236,8 +237,8 @@ __device__ void store_codes(const RowFragment<kHeadDim>& row, float scale, void*
   for (int c = 0; c < T::kChunks; ++c) {
     const float* v = row.v[c];
     const uint2 codes = {
-        encode_pair(v[0], v[1], scale) | encode_pair(v[2], v[3], scale) << kHalfBits,
-        encode_pair(v[4], v[5], scale) | encode_pair(v[6], v[7], scale) << kHalfBits};
+        encode_pair(v[0], v[1], factor) | encode_pair(v[2], v[3], factor) << kHalfBits,
+        encode_pair(v[4], v[5], factor) | encode_pair(v[6], v[7], factor) << kHalfBits};
     if (valid) {
       chunks[c * T::kLanesPerRow + lane_in_row] = codes;
     }
