@@ -327,11 +327,13 @@ struct QuantizeOptions {
 // into x_fp8 (same shape, float8_e4m3, both strided as Tensor allows), with
 // one scale per block of block_rows sequence rows of one (batch, head):
 // descale (float32, contiguous (batch, heads, ceil(seqlen / block_rows)))
-// receives amax / 448 (1 for an all-zero block), so that
-// x ~= float(x_fp8) * descale (x transformed, with the Hadamard option).
-// Codes are round-to-nearest-even of x / descale, saturated at +-448. x_fp8
-// must not overlap x or descale. Bit for bit the arithmetic of the CPU
-// reference (reference/fp8.hpp: quantize_e4m3).
+// receives amax / 448 (1 for an all-zero block, at least FLT_MIN for any
+// other), so that x ~= float(x_fp8) * descale (x transformed, with the
+// Hadamard option). Codes are round-to-nearest-even of x times the float
+// 1 / descale (with the transform: the unnormalised rows times
+// (1 / sqrt(headdim)) / descale), saturated at +-448. x_fp8 must not overlap
+// x or descale. Bit for bit the arithmetic of the CPU reference
+// (reference/fp8.hpp: quantize_e4m3).
 Status quantize_fp8(const Tensor& x, const Tensor& x_fp8, float* descale,
                     const QuantizeOptions& options = {}, cudaStream_t stream = nullptr);
 
