@@ -22,6 +22,7 @@ constexpr uint32_t kPoisonFloatBits = 0xFFFFFFFFu;
 constexpr int64_t kPadBytes = 16;    // x_fp8's padding: keeps rows 16-byte aligned
 constexpr int kPackedThirds = 3;     // q, k, v in one buffer
 constexpr size_t kGuardScales = 16;  // poisoned floats after descale that must stay so
+constexpr size_t kGuardBytes = 64;   // v_layout: poisoned bytes after the Fp8V tensor
 constexpr double kOutlierProbability = 0.01;
 constexpr double kOutlierStd = 100.0;
 // Head h has magnitude kHeadMagnitudes[h % 3]: 2^-12 puts most fp16 values
@@ -71,7 +72,7 @@ std::string QuantizeCase::name() const {
   std::ostringstream os;
   os << kernel_label(dtype, headdim) << (hadamard ? "_hadamard" : "") << "_b" << batch << "_s"
      << seqlen << "_h" << heads << "_block" << block_rows << "_seed" << seed
-     << (strided ? "_strided" : "");
+     << (strided ? "_strided" : "") << (v_layout ? "_vlayout" : "");
   return os.str();
 }
 
@@ -108,7 +109,11 @@ QuantizeProblem::QuantizeProblem(const QuantizeCase& c, const std::vector<float>
       x_view_(x_view(c)),
       x_fp8_view_(x_fp8_view(c)),
       x_staging_(buffer_size(x_view_), kPoisonBits),
-      x_fp8_bytes_(buffer_size(x_fp8_view_)),
+      x_fp8_bytes_(c.v_layout ? static_cast<size_t>(Fp8V{nullptr, c.batch, c.seqlen, c.heads,
+                                                           c.headdim}
+                                                          .bytes()) +
+                                    kGuardBytes
+                              : buffer_size(x_fp8_view_)),
       x_(x_staging_.size() * sizeof(Bits)),
       x_fp8_(x_fp8_bytes_),
       descale_((c.num_scales() + kGuardScales) * sizeof(float)) {
@@ -133,7 +138,14 @@ Tensor QuantizeProblem::x_fp8() const {
   return view_tensor(x_fp8_.get(), DType::kFloat8E4M3, x_fp8_view_);
 }
 
+Fp8V QuantizeProblem::v_out() const {
+  return {x_fp8_.get(), case_.batch, case_.seqlen, case_.heads, case_.headdim};
+}
+
 Status QuantizeProblem::quantize(cudaStream_t stream) const {
+  if (case_.v_layout) {
+    return flash3::quantize_fp8_v(x(), v_out(), descale(), case_.options(), stream);
+  }
   return flash3::quantize_fp8(x(), x_fp8(), descale(), case_.options(), stream);
 }
 
@@ -158,9 +170,27 @@ void QuantizeProblem::expect_matches_reference() const {
   const ref::Fp8Tensor want =
       ref::quantize_e4m3({case_.batch, case_.seqlen, case_.heads, case_.headdim}, input_,
                          {case_.block_rows, case_.hadamard, case_.seed});
+  if (case_.v_layout) {  // every byte of the layout, zero padding included, then the guard
+    const std::vector<uint8_t> layout = ref::fp8_v_layout(
+        {case_.batch, case_.seqlen, case_.heads, case_.headdim}, want.data);
+    size_t wrong = 0;
+    for (size_t i = 0; i < layout.size(); ++i) {
+      if (codes[i] != layout[i] && wrong++ < kMismatchesShown) {
+        ADD_FAILURE() << "Fp8V byte " << i << ": got 0x" << std::hex << int{codes[i]}
+                      << ", want 0x" << int{layout[i]};
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << "Fp8V bytes that differ from the reference's layout";
+    for (size_t i = layout.size(); i < codes.size(); ++i) {
+      EXPECT_EQ(codes[i], kPoisonByte) << "the kernel wrote past the Fp8V tensor, at " << i;
+    }
+  }
   std::vector<bool> in_view(codes.size());
   size_t mismatches = 0;
   for_each_element(x_fp8_view_, [&](size_t logical, size_t index) {
+    if (case_.v_layout) {
+      return;
+    }
     in_view[index] = true;
     if (codes[index] != want.data[logical] && mismatches++ < kMismatchesShown) {
       ADD_FAILURE() << "code at " << position(case_, logical) << ": got 0x" << std::hex
@@ -169,7 +199,7 @@ void QuantizeProblem::expect_matches_reference() const {
   });
   EXPECT_EQ(mismatches, 0u) << "codes that differ from the reference";
   size_t clobbered = 0;
-  for (size_t i = 0; i < codes.size(); ++i) {
+  for (size_t i = 0; i < codes.size() && !case_.v_layout; ++i) {
     clobbered += !in_view[i] && codes[i] != kPoisonByte;
   }
   EXPECT_EQ(clobbered, 0u) << "bytes the kernel wrote outside x_fp8's view";

@@ -28,6 +28,9 @@ struct QuantizeCase {
   // x the middle third (k) of a packed (q, k, v) buffer, x_fp8 with 16 bytes
   // of padding after each row and batch; else both contiguous.
   bool strided = false;
+  // quantize_fp8_v: the codes into an Fp8V tensor (contiguous, guard bytes
+  // after it), compared with ref::fp8_v_layout of the reference's codes.
+  bool v_layout = false;
 
   std::string name() const;  // e.g. "bf16_d128_hadamard_b2_s300_h3_block128_seed7_strided"
   QuantizeOptions options() const { return {block_rows, hadamard, seed}; }
@@ -48,6 +51,7 @@ class QuantizeProblem {
 
   Tensor x() const;
   Tensor x_fp8() const;
+  Fp8V v_out() const;  // v_layout: x_fp8's buffer as the Fp8V tensor
   float* descale() const { return static_cast<float*>(descale_.get()); }
 
   Status quantize(cudaStream_t stream) const;

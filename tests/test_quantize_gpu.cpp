@@ -60,6 +60,41 @@ INSTANTIATE_TEST_SUITE_P(Kernels, QuantizeSweep,
                                             ::testing::ValuesIn(kHeadDims), ::testing::Bool()),
                          sweep_name);
 
+// quantize_fp8_v: the same codes straight into the Fp8V layout (slots
+// permuted within groups of 16 keys, zeros past seqlen), blocks of whole
+// groups or one per head.
+constexpr Shape kVShapes[] = {
+    {2, 1, 3, 128, 0, false},      // one row: 15 zero slots
+    {2, 17, 2, 64, 1, false},      // a partial group
+    {1, 1013, 4, 112, 2, false},   // blocks of 7 groups, a 13-row tail
+    {1, 4097, 2, 128, 3, false},   // a 1-row tail group
+    {2, 300, 3, 128, 4, true},     // v in packed qkv
+    {1, 1000, 2, 1000, 5, false},  // one scale per head: 128-row slices
+    {3, 65, 2, 16, 7, false},      // a scale per group
+};
+
+using VSweepParam = std::tuple<DType, int>;  // dtype, headdim
+
+class QuantizeVSweep : public HopperTest, public ::testing::WithParamInterface<VSweepParam> {};
+
+TEST_P(QuantizeVSweep, MatchesTheReferenceLayoutBitwise) {
+  const auto& [dtype, headdim] = GetParam();
+  for (const Shape& s : kVShapes) {
+    QuantizeCase c{dtype, headdim, s.batch, s.seqlen, s.heads, s.block_rows, false, s.seed,
+                   s.strided};
+    c.v_layout = true;
+    SCOPED_TRACE(c.name());
+    expect_quantize_matches_reference(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, QuantizeVSweep,
+                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::ValuesIn(kHeadDims)),
+                         [](const ::testing::TestParamInfo<VSweepParam>& info) {
+                           return kernel_label(std::get<0>(info.param), std::get<1>(info.param));
+                         });
+
 // Other seeds give other signs, and the kernel follows them.
 class QuantizeSeeds : public HopperTest {};
 
@@ -85,6 +120,12 @@ TEST_F(SanitizeQuantize, Fp16D256Block100) {
 // Blocks longer than one CTA's slice (amax across CTAs), a short last block.
 TEST_F(SanitizeQuantize, Bf16D64HadamardBlock300) {
   expect_quantize_matches_reference({DType::kBFloat16, 64, 2, 700, 2, 300, true, 5, false});
+}
+
+TEST_F(SanitizeQuantize, Fp16D128VLayoutBlock48) {
+  QuantizeCase c{DType::kFloat16, 128, 2, 301, 3, 48, false, 11};
+  c.v_layout = true;
+  expect_quantize_matches_reference(c);
 }
 
 const QuantizeCase kProbe{DType::kBFloat16, 128, 2, 300, 2, 128, true, 1, false};

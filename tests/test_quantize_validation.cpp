@@ -150,5 +150,66 @@ INSTANTIATE_TEST_SUITE_P(
                         p.x.stride = {P::kSeqlen * row, row, P::kHeadDim, 1};
                       }));
 
+// quantize_fp8_v: x_fp8 replaced by an Fp8V tensor over the same host
+// buffer; its own checks, then a valid call stops at the device check.
+struct HostQuantizeVProblem : P {
+  Fp8V v_out{x_fp8_buffer.data(), kBatch, kSeqlen, kHeads, kHeadDim};
+  HostQuantizeVProblem() { options = QuantizeOptions{kBlockRows, false, 0}; }
+  Status call_v() const { return flash3::quantize_fp8_v(x, v_out, descale, options, nullptr); }
+};
+
+struct QuantizeVCase {
+  const char* name;
+  void (*mutate)(HostQuantizeVProblem&);
+  const char* message;
+};
+
+const QuantizeVCase kVCases[] = {
+    {"Hadamard", [](HostQuantizeVProblem& p) { p.options.hadamard = true; },
+     "flash3::quantize_fp8_v: options.hadamard: V is quantized without the transform"},
+    {"BlockRowsNotAGroupMultiple", [](HostQuantizeVProblem& p) { p.options.block_rows = 24; },
+     "options.block_rows = 24 must be a multiple of 16 (the Fp8V layout's key groups) or at "
+     "least seqlen (40)"},
+    {"NullOut", [](HostQuantizeVProblem& p) { p.v_out.data = nullptr; }, "v_out.data is null"},
+    {"OutSeqlenDiffers", [](HostQuantizeVProblem& p) { p.v_out.seqlen = 39; },
+     "v_out.seqlen = 39 differs from v.shape[1] (seqlen) = 40"},
+    {"MisalignedOut",
+     [](HostQuantizeVProblem& p) { p.v_out.data = offset_bytes(p.v_out.data, 8); },
+     "v_out.data is not 16-byte aligned"},
+    {"OutOverlapsV", [](HostQuantizeVProblem& p) { p.v_out.data = p.x.data; },
+     "v_out overlaps v in memory"},
+    {"OutOverlapsDescale", [](HostQuantizeVProblem& p) { p.v_out.data = p.descale; },
+     "descale overlaps v_out in memory"},
+    {"VFloat8", [](HostQuantizeVProblem& p) { p.x.dtype = DType::kFloat8E4M3; },
+     "v.dtype is float8_e4m3; v must be float16 or bfloat16"},
+};
+
+class InvalidQuantizeV : public ::testing::TestWithParam<QuantizeVCase> {};
+
+TEST_P(InvalidQuantizeV, IsRefusedBeforeTouchingMemory) {
+  HostQuantizeVProblem p;
+  GetParam().mutate(p);
+  const Status s = p.call_v();
+  EXPECT_EQ(s.code, Code::kInvalidArgument) << s.message;
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, GetParam().message, s.message);
+  EXPECT_TRUE(p.untouched());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, InvalidQuantizeV, ::testing::ValuesIn(kVCases),
+                         [](const ::testing::TestParamInfo<QuantizeVCase>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST(ValidQuantizeV, PassesValidation) {
+  for (const int block_rows : {16, 48, 40, 1000}) {  // whole groups, or one block a head
+    HostQuantizeVProblem p;
+    p.options.block_rows = block_rows;
+    const Status s = p.call_v();
+    const StatusCode expected = cuda_device_count() > 0 ? Code::kInvalidArgument : Code::kNoDevice;
+    EXPECT_EQ(s.code, expected) << block_rows << ": " << s.message;
+    EXPECT_TRUE(p.untouched());
+  }
+}
+
 }  // namespace
 }  // namespace flash3::test

@@ -385,6 +385,13 @@ Status forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const Tensor
 // allows) into v_out in the Fp8V layout (same batch, seqlen, heads, headdim).
 Status fp8_v_layout(const Tensor& v, const Fp8V& v_out, cudaStream_t stream = nullptr);
 
+// quantize_fp8 of v (float16 or bfloat16) with its codes written straight
+// into v_out in the Fp8V layout (same sizes): what quantize_fp8 then
+// fp8_v_layout give, in one pass. Without the Hadamard option; block_rows a
+// multiple of kFp8VKeyGroup or at least seqlen.
+Status quantize_fp8_v(const Tensor& v, const Fp8V& v_out, float* descale,
+                      const QuantizeOptions& options = {}, cudaStream_t stream = nullptr);
+
 // ---------------------------------------------------------------- combine
 // Split-KV partial results (FlashAttention-3's flash_attn_combine): each of
 // num_splits splits attended to a part of the keys, giving a partial output

@@ -124,8 +124,11 @@ Status dispatch(const QuantizeParams& p, cudaStream_t stream) {
     return visit_headdim(kQuantizeCall, p.headdim, [&](auto headdim) {
       constexpr DType kDType = decltype(dtype)::value;
       constexpr int kHeadDim = decltype(headdim)::value;
-      return p.hadamard ? launch_quantize_sm90<kDType, kHeadDim, true>(p, stream)
-                        : launch_quantize_sm90<kDType, kHeadDim, false>(p, stream);
+      if (p.v_out != nullptr) {  // validated without the transform
+        return launch_quantize_sm90<kDType, kHeadDim, false, true>(p, stream);
+      }
+      return p.hadamard ? launch_quantize_sm90<kDType, kHeadDim, true, false>(p, stream)
+                        : launch_quantize_sm90<kDType, kHeadDim, false, false>(p, stream);
     });
   });
 }

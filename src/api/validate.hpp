@@ -68,6 +68,9 @@ Status validate_backward_varlen(const Tensor& dout, const Tensor& q, const Tenso
 // (everything but the device fields) and returns an ok Status.
 Status validate_quantize(const Tensor& x, const Tensor& x_fp8, float* descale,
                          const QuantizeOptions& options, QuantizeParams* params);
+// The same for quantize_fp8_v (codes into the Fp8V layout: params->v_out).
+Status validate_quantize_v(const Tensor& v, const Fp8V& v_out, float* descale,
+                           const QuantizeOptions& options, QuantizeParams* params);
 
 // Checks the FP8 forward's arguments; on success fills `params` (everything
 // but the device fields; dtype kFloat8E4M3, out_dtype from out).

@@ -83,6 +83,13 @@ bool spans_intersect(const Tensor& a, const Tensor& b);
 // they are not the side-by-side views of one packed buffer.
 bool elements_intersect(const Tensor& a, const Tensor& b);
 
+// An Fp8V on its own: pointer, sizes, alignment, the layout's strides and
+// span (set in *span); and its four sizes against those of the tensor `like`
+// (validate_fp8.cpp).
+Status check_fp8_v(const char* name, const Fp8V& v, Span* span);
+Status check_fp8_v_shape(const char* name, const Fp8V& v, const char* like_name,
+                         const Tensor& like);
+
 // The span of `count` floats at `data`; false if it passes the end of the
 // address space.
 bool float_span(const float* data, uint64_t count, Span* span);

@@ -25,69 +25,6 @@ Status fp8_input_dtype(const char* name, DType dtype) {
 constexpr int kFp8QueryDescaleRows = 64;
 constexpr int kFp8KeyDescaleRows = 128;
 
-// An Fp8V on its own: pointer, sizes, alignment, the layout's strides and
-// span (set in *span).
-Status check_fp8_v(const char* name, const Fp8V& v, Span* span) {
-  if (v.data == nullptr) {
-    return invalid(name, ".data is null");
-  }
-  const struct {
-    const char* dim;
-    int64_t value;
-  } dims[] = {{"batch", v.batch}, {"seqlen", v.seqlen}, {"heads", v.heads}, {"headdim", v.headdim}};
-  for (const auto& [dim, value] : dims) {
-    if (value < 1) {
-      return invalid(name, ".", dim, " = ", value, " must be at least 1");
-    }
-    if (value > kMaxDimension) {
-      return invalid(name, ".", dim, " = ", value,
-                     " exceeds 2^31-1, the largest size the kernels index with 32 bits");
-    }
-  }
-  if (v.padded_seqlen() > kMaxDimension) {
-    return invalid(name, ".seqlen = ", v.seqlen, " padded to a multiple of ", kFp8VKeyGroup, " (",
-                   v.padded_seqlen(), ") exceeds 2^31-1");
-  }
-  if (reinterpret_cast<uintptr_t>(v.data) % kTmaAlignmentBytes != 0) {
-    return invalid(name, ".data is not ", kTmaAlignmentBytes,
-                   "-byte aligned, which 16-byte accesses (TMA, vectors) need");
-  }
-  // The layout's byte strides: padded_seqlen (headdim; a multiple of 16),
-  // headdim * padded_seqlen (heads), heads * headdim * padded_seqlen (batch).
-  using u128 = unsigned __int128;
-  const u128 head_bytes = static_cast<u128>(v.headdim) * static_cast<u128>(v.padded_seqlen());
-  const u128 batch_bytes = head_bytes * static_cast<u128>(v.heads);
-  if (v.heads > 1 && head_bytes > static_cast<u128>(kTmaMaxStrideBytes)) {
-    return invalid(name, ": headdim * padded_seqlen = ", static_cast<uint64_t>(head_bytes),
-                   " bytes, the layout's head stride, exceeds the 2^40-byte stride limit of TMA");
-  }
-  if (v.batch > 1 && batch_bytes > static_cast<u128>(kTmaMaxStrideBytes)) {
-    return invalid(name, ": heads * headdim * padded_seqlen = ", static_cast<uint64_t>(batch_bytes),
-                   " bytes, the layout's batch stride, exceeds the 2^40-byte stride limit of TMA");
-  }
-  const u128 end = reinterpret_cast<uintptr_t>(v.data) + batch_bytes * static_cast<u128>(v.batch);
-  if (end > std::numeric_limits<uint64_t>::max()) {
-    return invalid(name, ": its batch * heads * headdim * padded_seqlen bytes address past the "
-                   "end of the address space");
-  }
-  span->lo = reinterpret_cast<uintptr_t>(v.data);
-  span->hi = static_cast<uint64_t>(end);
-  return Status{};
-}
-
-// `name`'s four sizes equal those of the tensor `like` (named like_name).
-Status check_fp8_v_shape(const char* name, const Fp8V& v, const char* like_name,
-                         const Tensor& like) {
-  const int64_t sizes[4] = {v.batch, v.seqlen, v.heads, v.headdim};
-  for (int i = 0; i < 4; ++i) {
-    if (sizes[i] != like.shape[i]) {
-      return invalid(name, ".", kDimNames[i], " = ", sizes[i], " differs from ", like_name,
-                     ".shape[", i, "] (", kDimNames[i], ") = ", like.shape[i]);
-    }
-  }
-  return Status{};
-}
-
 // One descale of the FP8 forward, for `tensor` (q, k or v) with `seqlen`
 // rows (named seqlen_name) of `heads` heads per batch: non-null, aligned,
 // blocks of whole kernel tiles (`tile_rows`) or one block per head.
@@ -258,6 +195,73 @@ Status check_fp8_v_layout(const Tensor& v, const Fp8V& v_out, Fp8VLayoutParams* 
 }
 
 }  // namespace
+
+namespace validation {
+
+// An Fp8V on its own: pointer, sizes, alignment, the layout's strides and
+// span (set in *span).
+Status check_fp8_v(const char* name, const Fp8V& v, Span* span) {
+  if (v.data == nullptr) {
+    return invalid(name, ".data is null");
+  }
+  const struct {
+    const char* dim;
+    int64_t value;
+  } dims[] = {{"batch", v.batch}, {"seqlen", v.seqlen}, {"heads", v.heads}, {"headdim", v.headdim}};
+  for (const auto& [dim, value] : dims) {
+    if (value < 1) {
+      return invalid(name, ".", dim, " = ", value, " must be at least 1");
+    }
+    if (value > kMaxDimension) {
+      return invalid(name, ".", dim, " = ", value,
+                     " exceeds 2^31-1, the largest size the kernels index with 32 bits");
+    }
+  }
+  if (v.padded_seqlen() > kMaxDimension) {
+    return invalid(name, ".seqlen = ", v.seqlen, " padded to a multiple of ", kFp8VKeyGroup, " (",
+                   v.padded_seqlen(), ") exceeds 2^31-1");
+  }
+  if (reinterpret_cast<uintptr_t>(v.data) % kTmaAlignmentBytes != 0) {
+    return invalid(name, ".data is not ", kTmaAlignmentBytes,
+                   "-byte aligned, which 16-byte accesses (TMA, vectors) need");
+  }
+  // The layout's byte strides: padded_seqlen (headdim; a multiple of 16),
+  // headdim * padded_seqlen (heads), heads * headdim * padded_seqlen (batch).
+  using u128 = unsigned __int128;
+  const u128 head_bytes = static_cast<u128>(v.headdim) * static_cast<u128>(v.padded_seqlen());
+  const u128 batch_bytes = head_bytes * static_cast<u128>(v.heads);
+  if (v.heads > 1 && head_bytes > static_cast<u128>(kTmaMaxStrideBytes)) {
+    return invalid(name, ": headdim * padded_seqlen = ", static_cast<uint64_t>(head_bytes),
+                   " bytes, the layout's head stride, exceeds the 2^40-byte stride limit of TMA");
+  }
+  if (v.batch > 1 && batch_bytes > static_cast<u128>(kTmaMaxStrideBytes)) {
+    return invalid(name, ": heads * headdim * padded_seqlen = ", static_cast<uint64_t>(batch_bytes),
+                   " bytes, the layout's batch stride, exceeds the 2^40-byte stride limit of TMA");
+  }
+  const u128 end = reinterpret_cast<uintptr_t>(v.data) + batch_bytes * static_cast<u128>(v.batch);
+  if (end > std::numeric_limits<uint64_t>::max()) {
+    return invalid(name, ": its batch * heads * headdim * padded_seqlen bytes address past the "
+                   "end of the address space");
+  }
+  span->lo = reinterpret_cast<uintptr_t>(v.data);
+  span->hi = static_cast<uint64_t>(end);
+  return Status{};
+}
+
+// `name`'s four sizes equal those of the tensor `like` (named like_name).
+Status check_fp8_v_shape(const char* name, const Fp8V& v, const char* like_name,
+                         const Tensor& like) {
+  const int64_t sizes[4] = {v.batch, v.seqlen, v.heads, v.headdim};
+  for (int i = 0; i < 4; ++i) {
+    if (sizes[i] != like.shape[i]) {
+      return invalid(name, ".", kDimNames[i], " = ", sizes[i], " differs from ", like_name,
+                     ".shape[", i, "] (", kDimNames[i], ") = ", like.shape[i]);
+    }
+  }
+  return Status{};
+}
+
+}  // namespace validation
 
 Status validate_forward_fp8(const Tensor& q, const Tensor& k, const Fp8V& v, const Tensor& out,
                             float* softmax_lse, const Fp8Descales& descales,

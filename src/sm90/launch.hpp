@@ -17,8 +17,9 @@ template <DType kDType, int kHeadDim, int kHeadDimV>
 Status launch_forward_sm90(const ForwardParams& params, cudaStream_t stream);
 
 // Every (dtype, head dim, transform) instantiated in src/sm90/fp8/quantize.cu,
-// whatever FLASH3_KERNELS says.
-template <DType kDType, int kHeadDim, bool kHadamard>
+// whatever FLASH3_KERNELS says; kVLayout (quantize_fp8_v: codes into the
+// Fp8V layout) without the transform.
+template <DType kDType, int kHeadDim, bool kHadamard, bool kVLayout>
 Status launch_quantize_sm90(const QuantizeParams& params, cudaStream_t stream);
 
 // FP8 forward: e4m3 q, k, v (Fp8V layout) -> kOutDType out; generated like

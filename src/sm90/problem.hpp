@@ -14,6 +14,7 @@ namespace flash3::detail {
 // The public calls, as their error messages begin.
 inline constexpr char kForwardCall[] = "flash3::forward";
 inline constexpr char kQuantizeCall[] = "flash3::quantize_fp8";
+inline constexpr char kQuantizeVCall[] = "flash3::quantize_fp8_v";
 inline constexpr char kForwardFp8Call[] = "flash3::forward_fp8";
 inline constexpr char kFp8VLayoutCall[] = "flash3::fp8_v_layout";
 inline constexpr char kBackwardCall[] = "flash3::backward";
@@ -234,6 +235,10 @@ struct QuantizeParams : DeviceFields {
   int num_blocks = 0;       // batch * heads * blocks_per_head: the number of scales
   bool hadamard = false;
   uint64_t seed = 0;
+  // quantize_fp8_v: the codes go to this Fp8V tensor ([batch][heads][headdim]
+  // [v_padded], slots permuted by kFp8VKeyOrder) instead of x_fp8 (null).
+  void* v_out = nullptr;
+  int64_t v_padded = 0;
 };
 
 // fp8_v_layout: v (e4m3, strided) into the Fp8V layout.

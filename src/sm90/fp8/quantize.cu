@@ -21,6 +21,11 @@
 // block gave 16 CTAs to a d128 16k tensor: 1.63 ms against 0.16 ms with
 // 128-row blocks.) Both paths give the same bits: max is exact.
 // Rows past seqlen are neither read nor written nor counted in amax.
+// kVLayout (quantize_fp8_v): the encode pass puts the codes into a shared
+// tile, key-major per column and with the slots of every 16 keys permuted as
+// the FP8 forward reads V (flash3::Fp8V), and the CTA writes the tile's
+// columns out as rows of the Fp8V tensor, zeros in the slots past seqlen of
+// the last 16 (a CTA's rows start at a multiple of 16: validate_quantize).
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -43,6 +48,8 @@ struct QuantizeArgs {
   int block_rows;
   int blocks_per_head;
   float norm;  // float(1 / sqrt(headdim)) after the Hadamard transform (as the reference rounds it), else 1
+  uint8_t* v_out;    // kVLayout: the Fp8V tensor
+  int64_t v_padded;  // its padded seqlen
   uint32_t sign_bits[kMaxHeadDim / kBitsPerWord];  // bit j: column j's Hadamard sign is -1
 };
 
@@ -97,14 +104,22 @@ __host__ __device__ constexpr int slices_per_block(int block_rows) {
   return block_rows <= kSliceRows<T> ? 1 : (block_rows + kSliceRows<T> - 1) / kSliceRows<T>;
 }
 
-template <DType kDType, int kHeadDim, bool kHadamard, QuantizePass kPass>
+// kVLayout's shared tile: a row of kSliceRows codes (+ 8 bytes, so that the
+// 4 lanes of a row, 8 columns apart, hit at most 2 banks) per column.
+template <class T>
+inline constexpr int kVTilePitch = kSliceRows<T> + 8;
+
+template <DType kDType, int kHeadDim, bool kHadamard, bool kVLayout, QuantizePass kPass>
 __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
                                   QuantizeTraits<kHeadDim>::kMinBlocksPerSm)
     quantize_kernel(const __grid_constant__ QuantizeArgs args) {
   using T = QuantizeTraits<kHeadDim>;
   using Fragment = RowFragment<kHeadDim>;
+  static_assert(!kVLayout || kPass != QuantizePass::kAmax, "kAmax stores no codes");
+  static_assert(kSliceRows<T> % kFp8VKeyGroup == 0, "a CTA's rows are whole key groups");
   __shared__ float warp_amax[T::kWarps];
   __shared__ alignas(sizeof(uint4)) uint32_t sign_masks[kHeadDim / 2];
+  __shared__ alignas(sizeof(uint2)) uint8_t v_tile[kVLayout ? kHeadDim * kVTilePitch<T> : 1];
 
   const int slices = slices_per_block<T>(args.block_rows);
   const int head = blockIdx.x % args.heads;
@@ -151,7 +166,28 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
   };
   const auto store = [&](const Fragment& f, int pass, float factor) {
     const int row = row_of(pass);
-    store_codes(f, factor, x_fp8 + row * args.x_fp8_stride.seq, row < rows, lane_in_row);
+    if constexpr (kVLayout) {  // every row of the tile, zeros past the block
+      const int slot = row / kFp8VKeyGroup * kFp8VKeyGroup + fp8v_slot(row % kFp8VKeyGroup);
+      store_codes_transposed(f, factor, v_tile, kVTilePitch<T>, slot, row < rows, lane_in_row);
+    } else {
+      store_codes(f, factor, x_fp8 + row * args.x_fp8_stride.seq, row < rows, lane_in_row);
+    }
+  };
+  // kVLayout, after the encode pass: the tile's columns to their Fp8V rows,
+  // up to the CTA's last whole group of 16 slots (zeros past seqlen), in
+  // 8-byte pieces.
+  const auto write_v_tile = [&] {
+    if constexpr (kVLayout) {
+      __syncthreads();
+      const int pieces = (rows + kFp8VKeyGroup - 1) / kFp8VKeyGroup * kFp8VKeyGroup / 8;
+      uint8_t* out = args.v_out +
+                     (int64_t{batch} * args.heads + head) * kHeadDim * args.v_padded + first_row;
+      for (int i = threadIdx.x; i < kHeadDim * pieces; i += T::kThreads) {
+        const int column = i / pieces, piece = i % pieces;
+        *reinterpret_cast<uint2*>(out + column * args.v_padded + piece * 8) =
+            *reinterpret_cast<const uint2*>(v_tile + column * kVTilePitch<T> + piece * 8);
+      }
+    }
   };
 
   if constexpr (kPass == QuantizePass::kEncode) {
@@ -163,6 +199,7 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
     for (int p = 0; p < passes; ++p) {
       store(transform(load(p)), p, factor);
     }
+    write_v_tile();
   } else {
     // Amax pass: all cached loads in flight before the first transform.
     RawFragment<kHeadDim> raw[T::kCachedPasses];
@@ -202,6 +239,7 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
           store(cached[p], p, factor);
         }
       }
+      write_v_tile();
     }
   }
 }
@@ -230,6 +268,8 @@ sm90::fp8::QuantizeArgs quantize_args(const QuantizeParams& p) {
   args.heads = p.heads;
   args.block_rows = p.block_rows;
   args.blocks_per_head = p.blocks_per_head;
+  args.v_out = static_cast<uint8_t*>(p.v_out);
+  args.v_padded = p.v_padded;
   // The reference's expression (ref::quantize_e4m3), evaluated on the host.
   args.norm = p.hadamard ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)))
                          : 1.0f;
@@ -243,7 +283,7 @@ sm90::fp8::QuantizeArgs quantize_args(const QuantizeParams& p) {
 
 }  // namespace
 
-template <DType kDType, int kHeadDim, bool kHadamard>
+template <DType kDType, int kHeadDim, bool kHadamard, bool kVLayout>
 Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
   using namespace sm90::fp8;
   using T = QuantizeTraits<kHeadDim>;
@@ -255,7 +295,7 @@ Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
   };
   const int slices = slices_per_block<T>(p.block_rows);
   if (slices == 1) {
-    quantize_kernel<kDType, kHeadDim, kHadamard, QuantizePass::kWhole>
+    quantize_kernel<kDType, kHeadDim, kHadamard, kVLayout, QuantizePass::kWhole>
         <<<static_cast<unsigned>(p.num_blocks), T::kThreads, 0, stream>>>(args);
   } else {
     const auto grid = static_cast<unsigned>(int64_t{p.num_blocks} * slices);
@@ -264,9 +304,9 @@ Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
     if (zeroed != cudaSuccess) {
       return failed("zeroing the descales", zeroed);
     }
-    quantize_kernel<kDType, kHeadDim, kHadamard, QuantizePass::kAmax>
+    quantize_kernel<kDType, kHeadDim, kHadamard, false, QuantizePass::kAmax>
         <<<grid, T::kThreads, 0, stream>>>(args);
-    quantize_kernel<kDType, kHeadDim, kHadamard, QuantizePass::kEncode>
+    quantize_kernel<kDType, kHeadDim, kHadamard, kVLayout, QuantizePass::kEncode>
         <<<grid, T::kThreads, 0, stream>>>(args);
     amax_to_scale_kernel<<<static_cast<unsigned>((p.num_blocks + kFinishThreads - 1) /
                                                  kFinishThreads),
@@ -279,11 +319,15 @@ Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
   return {};
 }
 
-#define FLASH3_QUANTIZE_INSTANCES(DTYPE, HEADDIM)                                           \
-  template Status launch_quantize_sm90<DType::DTYPE, HEADDIM, false>(const QuantizeParams&, \
-                                                                     cudaStream_t);         \
-  template Status launch_quantize_sm90<DType::DTYPE, HEADDIM, true>(const QuantizeParams&,  \
-                                                                    cudaStream_t);
+// The Hadamard option and the V layout are not taken together
+// (validate_quantize: V is not transformed).
+#define FLASH3_QUANTIZE_INSTANCES(DTYPE, HEADDIM)                                                \
+  template Status launch_quantize_sm90<DType::DTYPE, HEADDIM, false, false>(                     \
+      const QuantizeParams&, cudaStream_t);                                                      \
+  template Status launch_quantize_sm90<DType::DTYPE, HEADDIM, true, false>(const QuantizeParams&, \
+                                                                           cudaStream_t);        \
+  template Status launch_quantize_sm90<DType::DTYPE, HEADDIM, false, true>(const QuantizeParams&, \
+                                                                           cudaStream_t);
 
 FLASH3_QUANTIZE_INSTANCES(kFloat16, 64)
 FLASH3_QUANTIZE_INSTANCES(kFloat16, 128)

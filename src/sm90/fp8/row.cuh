@@ -245,4 +245,41 @@ __device__ void store_codes(const RowFragment<kHeadDim>& row, float factor, void
   }
 }
 
+// ---------------------------------------------------------------- Fp8V tile
+// Where key p (0..15) of a group of 16 goes in the Fp8V layout: the inverse
+// of flash3::kFp8VKeyOrder (checked below), so slot fp8v_slot(p) holds key p.
+__host__ __device__ constexpr int fp8v_slot(int p) {
+  return 4 * ((p >> 1) & 3) + 2 * (p >> 3) + (p & 1);
+}
+constexpr bool fp8v_slot_inverts_key_order() {
+  for (int p = 0; p < kFp8VKeyGroup; ++p) {
+    if (kFp8VKeyOrder[fp8v_slot(p)] != p) {
+      return false;
+    }
+  }
+  return true;
+}
+static_assert(fp8v_slot_inverts_key_order(), "fp8v_slot must invert kFp8VKeyOrder");
+
+// The lane's codes of e4m3(x factor) (zeros where !valid) into a shared
+// tile of kHeadDim columns, each a row of `pitch` bytes whose byte `slot`
+// is this row's code: the transpose that the Fp8V layout stores.
+template <int kHeadDim>
+__device__ void store_codes_transposed(const RowFragment<kHeadDim>& row, float factor,
+                                       uint8_t* tile, int pitch, int slot, bool valid,
+                                       int lane_in_row) {
+  using T = QuantizeTraits<kHeadDim>;
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+    const float* v = row.v[c];
+    uint8_t* column = tile + (c * T::kLanesPerRow + lane_in_row) * T::kChunkElems * pitch + slot;
+#pragma unroll
+    for (int e = 0; e < T::kChunkElems; e += 2) {
+      const uint32_t pair = valid ? encode_pair(v[e], v[e + 1], factor) : 0u;
+      column[e * pitch] = static_cast<uint8_t>(pair);
+      column[(e + 1) * pitch] = static_cast<uint8_t>(pair >> 8);
+    }
+  }
+}
+
 }  // namespace flash3::sm90::fp8
