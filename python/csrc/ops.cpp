@@ -283,6 +283,17 @@ int64_t blocks_of(int64_t seqlen, int64_t block_rows, const char* what = "block_
   return (seqlen + block_rows - 1) / block_rows;
 }
 
+// quantize_fp8_v: V's codes in the Fp8V layout, as an e4m3 tensor (batch,
+// heads, headdim, seqlen padded to kFp8VKeyGroup), and its descales.
+std::tuple<Tensor, Tensor> quantize_v_outputs(const Tensor& v, int64_t block_rows) {
+  TORCH_CHECK_VALUE(v.dim() == 4, "flash3: v must be a 4-d tensor (batch, seqlen, heads, headdim)");
+  const Fp8V layout{nullptr, v.size(0), v.size(1), v.size(2), v.size(3)};
+  return {at::empty({v.size(0), v.size(2), v.size(3), layout.padded_seqlen()},
+                    v.options().dtype(at::kFloat8_e4m3fn)),
+          at::empty({v.size(0), v.size(2), blocks_of(v.size(1), block_rows)},
+                    v.options().dtype(at::kFloat))};
+}
+
 std::tuple<Tensor, Tensor> quantize_outputs(const Tensor& x, int64_t block_rows) {
   TORCH_CHECK_VALUE(x.dim() == 4, "flash3: x must be a 4-d tensor (batch, seqlen, heads, headdim)");
   return {at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn)),
@@ -448,21 +459,39 @@ std::tuple<Tensor, Tensor> fwd_fp8_cuda(const Tensor& q, const Tensor& k, const 
                                         const Tensor& k_descale, int64_t k_block_rows,
                                         const Tensor& v_descale, int64_t v_block_rows,
                                         std::optional<double> softmax_scale, bool causal,
-                                        std::optional<at::ScalarType> out_dtype) {
+                                        std::optional<at::ScalarType> out_dtype,
+                                        bool v_laid_out) {
   OnDevice on(q, "q");
   const at::Device device = q.device();
-  const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device),
-                       v_d = describe(v, "v", device);
-  // V in the layout FP8 tensor cores read (flash3.hpp: Fp8V), from the
-  // caching allocator on this stream.
-  Fp8V v_layout{nullptr, v.size(0), v.size(1), v.size(2), v.size(3)};
-  const Tensor v_buffer = at::empty({v_layout.bytes()}, q.options().dtype(at::kByte));
-  v_layout.data = v_buffer.data_ptr();
-  raise_unless_ok(fp8_v_layout(v_d, v_layout, on.stream));
+  const flash3::Tensor q_d = describe(q, "q", device), k_d = describe(k, "k", device);
+  // V in the layout FP8 tensor cores read (flash3.hpp: Fp8V): as given
+  // (v_laid_out: quantize_fp8_v's output, k's sizes), else laid out here
+  // into a buffer from the caching allocator on this stream.
+  Fp8V v_layout{nullptr, k.size(0), k.size(1), k.size(2), k.size(3)};
+  Tensor v_buffer;
+  if (v_laid_out) {
+    TORCH_CHECK_VALUE(v.dim() == 4 && v.size(0) == k.size(0) && v.size(1) == k.size(2) &&
+                          v.size(2) == k.size(3) && v.size(3) == v_layout.padded_seqlen(),
+                      "flash3: a laid-out v must be (batch, heads_k, headdim, seqlen_k padded to ",
+                      kFp8VKeyGroup, ") = (", k.size(0), ", ", k.size(2), ", ", k.size(3), ", ",
+                      v_layout.padded_seqlen(), "), as quantize_fp8_v writes it; got ", v.sizes());
+    TORCH_CHECK_VALUE(v.scalar_type() == at::kFloat8_e4m3fn && v.is_contiguous(),
+                      "flash3: a laid-out v must be a contiguous float8_e4m3fn tensor");
+    TORCH_CHECK_VALUE(v.device() == device, "flash3: v is on ", v.device(), " but q is on ",
+                      device);
+    v_layout.data = v.data_ptr();
+  } else {
+    const flash3::Tensor v_d = describe(v, "v", device);
+    v_layout = Fp8V{nullptr, v.size(0), v.size(1), v.size(2), v.size(3)};
+    v_buffer = at::empty({v_layout.bytes()}, q.options().dtype(at::kByte));
+    v_layout.data = v_buffer.data_ptr();
+    raise_unless_ok(fp8_v_layout(v_d, v_layout, on.stream));
+  }
   auto [out, lse] = fp8_forward_outputs(q, out_dtype.value_or(at::kBFloat16));
   Fp8Descales descales{descale_of(q_descale, q_block_rows, "q_descale", q, device),
                        descale_of(k_descale, k_block_rows, "k_descale", k, device),
-                       descale_of(v_descale, v_block_rows, "v_descale", v, device)};
+                       descale_of(v_descale, v_block_rows, "v_descale", v_laid_out ? k : v,
+                                  device)};
   const flash3::Tensor out_d = describe(out, "out", device);
   const ForwardCall call(q, q_d, on, softmax_scale, causal);
   raise_unless_ok(
@@ -483,6 +512,18 @@ std::tuple<Tensor, Tensor> quantize_fp8_cuda(const Tensor& x, int64_t block_rows
   const flash3::Tensor x_d = describe(x, "x", device), x_fp8_d = describe(x_fp8, "x_fp8", device);
   raise_unless_ok(quantize_fp8(x_d, x_fp8_d, descale.data_ptr<float>(), options, on.stream));
   return {x_fp8, descale};
+}
+
+std::tuple<Tensor, Tensor> quantize_fp8_v_cuda(const Tensor& v, int64_t block_rows) {
+  OnDevice on(v, "v");
+  const at::Device device = v.device();
+  auto [v_fp8, descale] = quantize_v_outputs(v, block_rows);  // block_rows checked there
+  QuantizeOptions options;
+  options.block_rows = static_cast<int>(block_rows);
+  const flash3::Tensor v_d = describe(v, "v", device);
+  const Fp8V layout{v_fp8.data_ptr(), v.size(0), v.size(1), v.size(2), v.size(3)};
+  raise_unless_ok(quantize_fp8_v(v_d, layout, descale.data_ptr<float>(), options, on.stream));
+  return {v_fp8, descale};
 }
 
 // combine (FlashAttention-3's flash_attn_combine): out_partial (num_splits,
@@ -875,12 +916,16 @@ void bwd_out_meta(const Tensor&, const Tensor&, const Tensor&, const Tensor&, co
 std::tuple<Tensor, Tensor> fwd_fp8_meta(const Tensor& q, const Tensor&, const Tensor&,
                                         const Tensor&, int64_t, const Tensor&, int64_t,
                                         const Tensor&, int64_t, std::optional<double>, bool,
-                                        std::optional<at::ScalarType> out_dtype) {
+                                        std::optional<at::ScalarType> out_dtype, bool) {
   return fp8_forward_outputs(q, out_dtype.value_or(at::kBFloat16));
 }
 
 std::tuple<Tensor, Tensor> quantize_fp8_meta(const Tensor& x, int64_t block_rows, bool, int64_t) {
   return quantize_outputs(x, block_rows);
+}
+
+std::tuple<Tensor, Tensor> quantize_fp8_v_meta(const Tensor& v, int64_t block_rows) {
+  return quantize_v_outputs(v, block_rows);
 }
 
 std::tuple<Tensor, Tensor> combine_meta(const Tensor& out_partial, const Tensor&,
@@ -999,13 +1044,14 @@ class Fp8Attention : public torch::autograd::Function<Fp8Attention> {
                                const Tensor& k_descale, int64_t k_block_rows,
                                const Tensor& v_descale, int64_t v_block_rows,
                                std::optional<double> softmax_scale, bool causal,
-                               std::optional<at::ScalarType> out_dtype) {
+                               std::optional<at::ScalarType> out_dtype, bool v_laid_out) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("flash3::fwd_fp8", "")
                          .typed<decltype(fwd_fp8_cuda)>();
     auto [out, lse] = op.call(q, k, v, q_descale, q_block_rows, k_descale, k_block_rows,
-                              v_descale, v_block_rows, softmax_scale, causal, out_dtype);
+                              v_descale, v_block_rows, softmax_scale, causal, out_dtype,
+                              v_laid_out);
     ctx->mark_non_differentiable({lse});
     return {out, lse};
   }
@@ -1020,10 +1066,11 @@ std::tuple<Tensor, Tensor> fwd_fp8_autograd(const Tensor& q, const Tensor& k, co
                                             const Tensor& k_descale, int64_t k_block_rows,
                                             const Tensor& v_descale, int64_t v_block_rows,
                                             std::optional<double> softmax_scale, bool causal,
-                                            std::optional<at::ScalarType> out_dtype) {
+                                            std::optional<at::ScalarType> out_dtype,
+                                            bool v_laid_out) {
   variable_list result =
       Fp8Attention::apply(q, k, v, q_descale, q_block_rows, k_descale, k_block_rows, v_descale,
-                          v_block_rows, softmax_scale, causal, out_dtype);
+                          v_block_rows, softmax_scale, causal, out_dtype, v_laid_out);
   return {result[0], result[1]};
 }
 
@@ -1129,10 +1176,11 @@ TORCH_LIBRARY(flash3, m) {
         "bool causal=False, bool deterministic=False) -> ()");
   m.def("fwd_fp8(Tensor q, Tensor k, Tensor v, Tensor q_descale, int q_block_rows, "
         "Tensor k_descale, int k_block_rows, Tensor v_descale, int v_block_rows, "
-        "float? softmax_scale=None, bool causal=False, ScalarType? out_dtype=None) "
-        "-> (Tensor out, Tensor softmax_lse)");
+        "float? softmax_scale=None, bool causal=False, ScalarType? out_dtype=None, "
+        "bool v_laid_out=False) -> (Tensor out, Tensor softmax_lse)");
   m.def("quantize_fp8(Tensor x, int block_rows=128, bool hadamard=False, int seed=0) "
         "-> (Tensor x_fp8, Tensor descale)");
+  m.def("quantize_fp8_v(Tensor v, int block_rows=128) -> (Tensor v_fp8, Tensor descale)");
   m.def("fwd_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
         "int max_seqlen_q, float? softmax_scale=None, bool causal=False, Tensor? seqused_q=None, "
         "Tensor? seqused_k=None, bool deterministic=False, int window_left=-1, "
@@ -1165,6 +1213,7 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
   m.impl("bwd_out", &bwd_out_cuda);
   m.impl("fwd_fp8", &fwd_fp8_cuda);
   m.impl("quantize_fp8", &quantize_fp8_cuda);
+  m.impl("quantize_fp8_v", &quantize_fp8_v_cuda);
   m.impl("fwd_varlen", &fwd_varlen_cuda);
   m.impl("bwd_varlen", &bwd_varlen_cuda);
   m.impl("fwd_kvcache", &fwd_kvcache_cuda);
@@ -1174,8 +1223,8 @@ TORCH_LIBRARY_IMPL(flash3, CUDA, m) {
 TORCH_LIBRARY_IMPL(flash3, CPU, m) {
   m.impl("combine", torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
   for (const char* op :
-       {"fwd", "fwd_out", "bwd", "bwd_sinks", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
-        "bwd_varlen", "fwd_kvcache", "kvcache_append"}) {
+       {"fwd", "fwd_out", "bwd", "bwd_sinks", "bwd_out", "fwd_fp8", "quantize_fp8",
+        "quantize_fp8_v", "fwd_varlen", "bwd_varlen", "fwd_kvcache", "kvcache_append"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&refuse_cpu>());
   }
 }
@@ -1189,6 +1238,7 @@ TORCH_LIBRARY_IMPL(flash3, Meta, m) {
   m.impl("bwd_out", &bwd_out_meta);
   m.impl("fwd_fp8", &fwd_fp8_meta);
   m.impl("quantize_fp8", &quantize_fp8_meta);
+  m.impl("quantize_fp8_v", &quantize_fp8_v_meta);
   m.impl("fwd_varlen", &fwd_varlen_meta);
   m.impl("bwd_varlen", &bwd_varlen_meta);
   m.impl("fwd_kvcache", &fwd_kvcache_meta);

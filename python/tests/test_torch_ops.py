@@ -24,8 +24,8 @@ def qkv(batch=2, seqlen_q=200, seqlen_k=333, heads=4, heads_k=2, headdim=128, dt
 
 
 def test_every_operator_is_registered():
-    for name in ("fwd", "fwd_out", "bwd", "bwd_sinks", "bwd_out", "fwd_fp8", "quantize_fp8", "fwd_varlen",
-                 "bwd_varlen", "fwd_kvcache", "kvcache_append"):
+    for name in ("fwd", "fwd_out", "bwd", "bwd_sinks", "bwd_out", "fwd_fp8", "quantize_fp8",
+                 "quantize_fp8_v", "fwd_varlen", "bwd_varlen", "fwd_kvcache", "kvcache_append"):
         assert hasattr(ops, name), name
     assert hasattr(ops, "combine")
 
@@ -52,6 +52,12 @@ def test_fake_implementations_give_the_outputs_shapes():
     x8, descale = ops.quantize_fp8(k, 128)
     assert x8.dtype == torch.float8_e4m3fn and descale.shape == (2, 2, 3)
     out8, _ = ops.fwd_fp8(q.to(torch.float8_e4m3fn), x8, x8, descale, 100, descale, 128, descale, 128)
+    assert out8.dtype == torch.bfloat16 and out8.shape == q.shape
+    v8, v_descale = ops.quantize_fp8_v(k, 128)  # the Fp8V layout: seqlen 300 padded to 304
+    assert v8.dtype == torch.float8_e4m3fn and v8.shape == (2, 2, 128, 304)
+    assert v_descale.shape == (2, 2, 3)
+    out8, _ = ops.fwd_fp8(q.to(torch.float8_e4m3fn), x8, v8, descale, 100, descale, 128,
+                          v_descale, 128, None, False, None, True)
     assert out8.dtype == torch.bfloat16 and out8.shape == q.shape
     cu = torch.empty(3, dtype=torch.int32, device="meta")
     out_v, lse_v = ops.fwd_varlen(q[0], k[0], k[0], cu, cu, 100)
