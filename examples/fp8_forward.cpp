@@ -1,8 +1,8 @@
 // fp8_forward: FP8 attention from bfloat16 inputs with flash3, checked on the CPU.
 //
 // Quantizes q, k (block scales of 128 rows plus the randomized Hadamard
-// transform: incoherent processing) and v (block scales) to e4m3, writes v in
-// the transposed layout the FP8 kernel reads, runs the FP8 forward with a
+// transform: incoherent processing) and v (block scales, straight into the
+// transposed layout the FP8 kernel reads) to e4m3, runs the FP8 forward with a
 // bfloat16 output, and compares one output row with a float softmax of the
 // original bfloat16 inputs computed here. Head dim 128, 2 x 8 heads, 2048
 // tokens, non-causal.
@@ -25,13 +25,13 @@ int main() {
   std::vector<uint16_t> q(elems), k(elems), v(elems), out(elems);
   fill_normal_bf16({&q, &k, &v}, 2024);
   if (!have_cuda_device()) return 1;
-  void *dq, *dk, *dv, *dq8, *dk8, *dv8, *dv8_layout, *dout;
+  void *dq, *dk, *dv, *dq8, *dk8, *dv8_layout, *dout;
   float *dq_scale, *dk_scale, *dv_scale;
   using flash3::DType;
   using flash3::Tensor;
   const flash3::Fp8V v_layout{nullptr, batch, seqlen, heads, headdim};
   for (void** p : {&dq, &dk, &dv, &dout}) CUDA_CHECK(cudaMalloc(p, elems * 2));
-  for (void** p : {&dq8, &dk8, &dv8}) CUDA_CHECK(cudaMalloc(p, elems));
+  for (void** p : {&dq8, &dk8}) CUDA_CHECK(cudaMalloc(p, elems));
   CUDA_CHECK(cudaMalloc(&dv8_layout, v_layout.bytes()));
   for (float** p : {&dq_scale, &dk_scale, &dv_scale}) {
     CUDA_CHECK(cudaMalloc(p, scales * sizeof(float)));
@@ -53,10 +53,9 @@ int main() {
   v_options.block_rows = block_rows;
   FLASH3_CHECK(flash3::quantize_fp8(bf16(dq), e4m3(dq8), dq_scale, qk_options));
   FLASH3_CHECK(flash3::quantize_fp8(bf16(dk), e4m3(dk8), dk_scale, qk_options));
-  FLASH3_CHECK(flash3::quantize_fp8(bf16(dv), e4m3(dv8), dv_scale, v_options));
   flash3::Fp8V v8 = v_layout;
   v8.data = dv8_layout;
-  FLASH3_CHECK(flash3::fp8_v_layout(e4m3(dv8), v8));
+  FLASH3_CHECK(flash3::quantize_fp8_v(bf16(dv), v8, dv_scale, v_options));
   const flash3::Fp8Descales descales{{dq_scale, block_rows}, {dk_scale, block_rows},
                                      {dv_scale, block_rows}};
   FLASH3_CHECK(flash3::forward_fp8(e4m3(dq8), e4m3(dk8), v8, bf16(dout), /*softmax_lse=*/nullptr,
@@ -97,7 +96,7 @@ int main() {
               "inputs: relative RMS error %.2e: %s\n",
               flash3::version(), b, h, i, rel, ok ? "OK" : "TOO LARGE");
 
-  for (void* p : {dq, dk, dv, dq8, dk8, dv8, dv8_layout, dout}) cudaFree(p);
+  for (void* p : {dq, dk, dv, dq8, dk8, dv8_layout, dout}) cudaFree(p);
   for (float* p : {dq_scale, dk_scale, dv_scale}) cudaFree(p);
   return ok ? 0 : 1;
 }
