@@ -200,6 +200,22 @@ INSTANTIATE_TEST_SUITE_P(Cases, InvalidQuantizeV, ::testing::ValuesIn(kVCases),
                            return std::string(info.param.name);
                          });
 
+TEST(QuantizeVCAbi, NullArgsAndAGroupOfRowsAreChecked) {
+  EXPECT_EQ(flash3_quantize_fp8_v(nullptr, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "flash3_quantize_fp8_v: args is null",
+                      flash3_last_error());
+  HostQuantizeVProblem p;
+  flash3_quantize_v_args args{};
+  args.v = to_c_args(p.x, p.x_fp8, p.descale, p.options).x;
+  args.v_out = {p.v_out.data, p.v_out.batch, p.v_out.seqlen, p.v_out.heads, p.v_out.headdim};
+  args.descale = p.descale;
+  args.block_rows = 24;
+  EXPECT_EQ(flash3_quantize_fp8_v(&args, nullptr), FLASH3_ERROR_INVALID_ARGUMENT);
+  EXPECT_PRED_FORMAT2(::testing::IsSubstring, "options.block_rows = 24 must be a multiple of 16",
+                      flash3_last_error());
+  EXPECT_TRUE(p.untouched());
+}
+
 TEST(ValidQuantizeV, PassesValidation) {
   for (const int block_rows : {16, 48, 40, 1000}) {  // whole groups, or one block a head
     HostQuantizeVProblem p;

@@ -308,6 +308,20 @@ typedef struct flash3_fp8_v_layout_args {
 /* Writes v into v_out in the FP8 forward's V layout, enqueued on `stream`. */
 flash3_status flash3_fp8_v_layout(const flash3_fp8_v_layout_args* args, cudaStream_t stream);
 
+typedef struct flash3_quantize_v_args {
+  flash3_tensor v;     /* (batch, seqlen, heads, headdim 64, 128 or 256), float16 or bfloat16 */
+  flash3_fp8_v v_out;  /* same batch, seqlen, heads, headdim; must not overlap v or descale */
+  float* descale;      /* as flash3_quantize_args' */
+  /* As flash3_quantize_args', and a multiple of FLASH3_FP8_V_KEY_GROUP or
+   * at least seqlen. No Hadamard option: V is not transformed. */
+  int block_rows;
+} flash3_quantize_v_args;
+
+/* flash3_quantize_fp8 of v with the codes written straight into v_out in the
+ * FP8 forward's V layout (what flash3_quantize_fp8 then flash3_fp8_v_layout
+ * give, in one pass), enqueued on `stream`. */
+flash3_status flash3_quantize_fp8_v(const flash3_quantize_v_args* args, cudaStream_t stream);
+
 /* ---------------------------------------------------------------- combine
  * Split-KV partial results merged (flash3.hpp: CombineArgs, combine): per row
  * (b, s, h), lse = log(sum_i exp(lse_partial[i, b, s, h])) and out = sum_i

@@ -256,6 +256,16 @@ flash3_status flash3_fp8_v_layout(const flash3_fp8_v_layout_args* args, cudaStre
   return finish(flash3::fp8_v_layout(to_cpp(args->v), to_cpp(args->v_out), stream));
 }
 
+flash3_status flash3_quantize_fp8_v(const flash3_quantize_v_args* args, cudaStream_t stream) {
+  if (args == nullptr) {
+    return finish({flash3::StatusCode::kInvalidArgument, "flash3_quantize_fp8_v: args is null"});
+  }
+  flash3::QuantizeOptions options;
+  options.block_rows = args->block_rows;
+  return finish(flash3::quantize_fp8_v(to_cpp(args->v), to_cpp(args->v_out), args->descale,
+                                       options, stream));
+}
+
 flash3_status flash3_combine(const flash3_combine_args* args, cudaStream_t stream) {
   if (args == nullptr) {
     return finish({flash3::StatusCode::kInvalidArgument, "flash3_combine: args is null"});
