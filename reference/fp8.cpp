@@ -58,16 +58,38 @@ void butterflies(T* row, int d) {
   }
 }
 
+// walsh_hadamard's normalisation, 1 / sqrt(d) rounded to T (quantize_e4m3
+// applies it with the scale instead).
+template <class T>
+T hadamard_norm(int d) {
+  return static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
+}
+
+template <class T>
+void normalise(T* row, int d) {
+  const T norm = hadamard_norm<T>(d);
+  for (int j = 0; j < d; ++j) {
+    row[j] *= norm;
+  }
+}
+
+// randomized_hadamard without its normalisation: the sign flips, then the
+// butterflies.
+template <class T>
+void randomized_butterflies(T* row, int d, uint64_t seed) {
+  for (int j = 0; j < d; ++j) {
+    row[j] *= hadamard_sign(seed, j);
+  }
+  butterflies(row, d);
+}
+
 template <class T>
 bool walsh_hadamard_impl(T* row, int d) {
   if (!is_hadamard_dim(d)) {
     return false;
   }
   butterflies(row, d);
-  const T norm = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d)));
-  for (int j = 0; j < d; ++j) {
-    row[j] *= norm;
-  }
+  normalise(row, d);
   return true;
 }
 
@@ -76,10 +98,9 @@ bool randomized_hadamard_impl(T* row, int d, uint64_t seed) {
   if (!is_hadamard_dim(d)) {
     return false;
   }
-  for (int j = 0; j < d; ++j) {
-    row[j] *= hadamard_sign(seed, j);
-  }
-  return walsh_hadamard_impl(row, d);
+  randomized_butterflies(row, d, seed);
+  normalise(row, d);
+  return true;
 }
 
 bool matches(const Fp8Tensor& t, const TensorDims& dims) {
@@ -219,15 +240,10 @@ Fp8Tensor quantize_e4m3(const TensorDims& dims, const std::vector<float>& x,
   Fp8Tensor t{dims, options.block_rows, std::vector<uint8_t>(x.size()),
               std::vector<float>(scale_count(dims, options.block_rows), 0.0f)};
   // walsh_hadamard's normalisation, applied with the scale.
-  const float norm =
-      options.hadamard ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(dims.headdim)))
-                       : 1.0f;
+  const float norm = options.hadamard ? hadamard_norm<float>(dims.headdim) : 1.0f;
   for_each_tensor_row(dims, [&](int b, int i, int h, size_t at) {
     if (options.hadamard) {
-      for (int c = 0; c < dims.headdim; ++c) {
-        rows[at + c] *= hadamard_sign(options.seed, c);
-      }
-      butterflies(&rows[at], dims.headdim);
+      randomized_butterflies(&rows[at], dims.headdim, options.seed);
     }
     float& amax = t.descale[t.scale_index(b, i, h)];
     for (int c = 0; c < dims.headdim; ++c) {

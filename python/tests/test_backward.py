@@ -229,7 +229,6 @@ def test_fp8_has_no_backward():
         out.float().sum().backward()
 
 
-
 @requires_hopper
 @pytest.mark.parametrize("varlen", [False, True])
 def test_backward_peak_memory_is_gradients_and_workspace(varlen):

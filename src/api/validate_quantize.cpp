@@ -141,7 +141,6 @@ Status check_quantize_v(const Tensor& v, const Fp8V& v_out, float* descale,
   QuantizeParams p;
   fill_quantize(v, descale, options, blocks_per_head, &p);
   p.v_out = v_out.data;
-  p.v_padded = v_out.padded_seqlen();
   *params = p;
   return Status{};
 }

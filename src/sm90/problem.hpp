@@ -236,9 +236,9 @@ struct QuantizeParams : DeviceFields {
   bool hadamard = false;
   uint64_t seed = 0;
   // quantize_fp8_v: the codes go to this Fp8V tensor ([batch][heads][headdim]
-  // [v_padded], slots permuted by kFp8VKeyOrder) instead of x_fp8 (null).
+  // [fp8_v_padded_seqlen(seqlen)], slots permuted by kFp8VKeyOrder) instead
+  // of x_fp8 (null).
   void* v_out = nullptr;
-  int64_t v_padded = 0;
 };
 
 // fp8_v_layout: v (e4m3, strided) into the Fp8V layout.

@@ -271,14 +271,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
                                 kCausal ? mask.m_block_end(blk.n_block)
                                 : kVarlen ? mask.num_m_blocks()
                                           : args.num_m_blocks};
-  if constexpr (decltype(mainloop)::kRotates) {  // the default mode's staggered start
-    if (!args.deterministic) {
-      const int count = mainloop.m_end - mainloop.m_begin;
-      const int key_blocks = (blk.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-      mainloop.m_rotate =
-          count > 0 ? static_cast<int>(int64_t{blk.n_block} * count / key_blocks) : 0;
-    }
-  }
+  mainloop.stagger_start();
   if (role != WarpRole::kConsumer) {
     registers_release<T::kProducerRegisters>();
     if (role == WarpRole::kProducer) {

@@ -50,10 +50,21 @@ struct Mainloop {
   int m_rotate = 0;
   static constexpr bool kRotates = !kCausal && !kLocal;
 
+  // Sets m_rotate: key block n of N starts at step n M / N of its M.
+  __device__ void stagger_start() {
+    if constexpr (kRotates) {
+      const int count = m_end - m_begin;
+      if (!args.deterministic && count > 0) {
+        const int key_blocks = (blk.seqlen_k + kBlockN - 1) / kBlockN;
+        m_rotate = static_cast<int>(int64_t{blk.n_block} * count / key_blocks);
+      }
+    }
+  }
+
   // The query block of step m (m_begin <= m < m_end). Every key block of a
   // head reached the same query blocks in the same steps, so that in the
   // unmasked kernels all of them added into one dQ tile at once (and waited
-  // for its first writer's store); rotated by n M / N (kernel.cuh), each
+  // for its first writer's store); rotated by n M / N (stagger_start), each
   // query block is first reached by one key block, the others later. Never
   // in deterministic mode, whose turns (dq_turn) are those of the steps in
   // order: a rotated order would wait for CTAs that may not have started.

@@ -269,7 +269,7 @@ sm90::fp8::QuantizeArgs quantize_args(const QuantizeParams& p) {
   args.block_rows = p.block_rows;
   args.blocks_per_head = p.blocks_per_head;
   args.v_out = static_cast<uint8_t*>(p.v_out);
-  args.v_padded = p.v_padded;
+  args.v_padded = fp8_v_padded_seqlen(p.seqlen);
   // The reference's expression (ref::quantize_e4m3), evaluated on the host.
   args.norm = p.hadamard ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.headdim)))
                          : 1.0f;
