@@ -24,7 +24,7 @@ struct Shape {
 
 // Single rows, ragged tails, blocks that are not a multiple of the 64 rows a
 // CTA pass covers, blocks longer than one CTA's 128-row slice (500, 4096:
-// amax across CTAs).
+// amax across CTAs), more blocks than the persistent grid's CTAs (576).
 constexpr Shape kShapes[] = {
     {2, 1, 3, 128, 0, false},      // one row per head
     {2, 17, 2, 64, 1, false},      // one partial block
@@ -34,6 +34,7 @@ constexpr Shape kShapes[] = {
     {1, 1000, 2, 500, 5, false},   // rows past the register cache
     {1, 4097, 1, 4096, 6, false},  // 64 passes in one CTA, then a 1-row block
     {3, 65, 2, 1, 7, false},       // a scale per row
+    {2, 4096, 9, 128, 8, true},    // 576 blocks: each persistent CTA takes several
 };
 
 using SweepParam = std::tuple<DType, int, bool>;  // dtype, headdim, hadamard
@@ -71,6 +72,7 @@ constexpr Shape kVShapes[] = {
     {2, 300, 3, 128, 4, true},     // v in packed qkv
     {1, 1000, 2, 1000, 5, false},  // one scale per head: 128-row slices
     {3, 65, 2, 16, 7, false},      // a scale per group
+    {2, 4096, 9, 128, 8, true},    // 576 blocks: each persistent CTA takes several
 };
 
 using VSweepParam = std::tuple<DType, int>;  // dtype, headdim

@@ -2,16 +2,22 @@
 // per block of rows of one (batch, head), optionally after the randomized
 // Hadamard transform. Memory-bound: 2 bytes read and 1 written per element.
 //
-// Blocks of up to kSliceRows rows (the default 128): one CTA per (batch,
-// row block, head), heads fastest so that the CTAs running together read
-// neighbouring memory. The CTA walks its block in kCachedPasses passes of
-// kRowsPerPass rows (row.cuh says how a row lies on 4 lanes):
-//   amax pass:   load, transform (the Hadamard transform unnormalised),
-//                |max|; the rows stay in registers
+// Blocks of up to kSliceRows rows (the default 128), one work item per
+// (batch, row block, head), heads fastest so that the CTAs running together
+// read neighbouring memory; a thread holds one row (row.cuh says how a row
+// lies on 4 lanes):
+//   load:        the item's rows, copied into shared memory (cp.async) while
+//                the CTA works on the item before
+//   transform:   the Hadamard transform (unnormalised), |max|
 //   scale:       warp max, then across warps through shared memory;
 //                scale = amax norm / 448 (norm = 1 / sqrt(d) after the
 //                transform, else 1), factor = norm / scale
-//   encode pass: e4m3(x factor) of the rows in registers
+//   encode:      e4m3(x factor) of the rows in registers
+// The CTAs are persistent (kMinBlocksPerSm an SM, items blockIdx.x, +
+// gridDim.x, ...), so that an SM's loads stay in flight through its
+// arithmetic and its CTA's barriers (each CTA's load, then compute, left
+// the memory idle in between: head dim 256 ran one CTA an SM at 0.73 of the
+// copy's bandwidth on the H100).
 // (ref::quantize_e4m3 computes the same floats in the same order.)
 // Longer blocks (one scale per head: block_rows = seqlen) are cut into
 // slices of kSliceRows rows, one CTA each, in three launches after zeroing
@@ -28,10 +34,12 @@
 // the last 16 (a CTA's rows start at a multiple of 16: validate_quantize).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "sm90/common/launch.hpp"
 #include "sm90/launch.hpp"
 #include "hadamard_sign.hpp"
 #include "row.cuh"
@@ -47,6 +55,7 @@ struct QuantizeArgs {
   int heads;
   int block_rows;
   int blocks_per_head;
+  int num_blocks;  // batch * heads * blocks_per_head: kWhole's items
   float norm;  // float(1 / sqrt(headdim)) after the Hadamard transform (as the reference rounds it), else 1
   uint8_t* v_out;    // kVLayout: the Fp8V tensor
   int64_t v_padded;  // its padded seqlen
@@ -109,6 +118,38 @@ __host__ __device__ constexpr int slices_per_block(int block_rows) {
 template <class T>
 inline constexpr int kVTilePitch = kSliceRows<T> + 8;
 
+// The rows one CTA of kAmax / kEncode covers, or one work item of kWhole
+// (quantize.cu's top).
+struct QuantizeItem {
+  int batch, head, block, slice;
+  int first_row;  // of the sequence
+  int rows;       // 0: a slice past the end of a short last block
+};
+template <class T>
+__device__ QuantizeItem quantize_item(const QuantizeArgs& args, int index, int slices) {
+  QuantizeItem it;
+  it.head = index % args.heads;
+  it.slice = index / args.heads % slices;
+  it.block = index / args.heads / slices % args.blocks_per_head;
+  it.batch = index / args.heads / slices / args.blocks_per_head;
+  const int block_first_row = it.block * args.block_rows;
+  const int block_rows = min(args.block_rows, args.seqlen - block_first_row);
+  it.first_row = block_first_row + it.slice * kSliceRows<T>;
+  it.rows = max(0, min(kSliceRows<T>, block_rows - it.slice * kSliceRows<T>));
+  return it;
+}
+
+// kWhole's staging: each thread's chunks of the next item's row, copied
+// with cp.async into a slot of its own while it works on this item's (so a
+// thread reads back only what it copied: no barrier, only its own
+// cp.async.wait_group), [stage][chunk][thread] so that a warp's 16-byte
+// accesses are consecutive.
+inline constexpr int kQuantizeStages = 2;
+template <int kHeadDim>
+inline constexpr int kQuantizeStagingBytes =
+    kQuantizeStages * QuantizeTraits<kHeadDim>::kChunks * QuantizeTraits<kHeadDim>::kThreads *
+    static_cast<int>(sizeof(uint4));
+
 template <DType kDType, int kHeadDim, bool kHadamard, bool kVLayout, QuantizePass kPass>
 __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
                                   QuantizeTraits<kHeadDim>::kMinBlocksPerSm)
@@ -117,42 +158,28 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
   using Fragment = RowFragment<kHeadDim>;
   static_assert(!kVLayout || kPass != QuantizePass::kAmax, "kAmax stores no codes");
   static_assert(kSliceRows<T> % kFp8VKeyGroup == 0, "a CTA's rows are whole key groups");
-  __shared__ float warp_amax[T::kWarps];
+  static_assert(T::kCachedPasses == 1, "a thread holds one row of an item");
+  // Two sets, one per item in turn (kWhole): a thread may write the next
+  // item's maxima while another still reads this item's.
+  __shared__ float warp_amax[kQuantizeStages][T::kWarps];
   __shared__ alignas(sizeof(uint4)) uint32_t sign_masks[kHeadDim / 2];
   __shared__ alignas(sizeof(uint2)) uint8_t v_tile[kVLayout ? kHeadDim * kVTilePitch<T> : 1];
+  extern __shared__ uint4 staging[];  // kWhole: kQuantizeStagingBytes
 
   const int slices = slices_per_block<T>(args.block_rows);
-  const int head = blockIdx.x % args.heads;
-  const int slice = blockIdx.x / args.heads % slices;
-  const int block = blockIdx.x / args.heads / slices % args.blocks_per_head;
-  const int batch = blockIdx.x / args.heads / slices / args.blocks_per_head;
-  const int block_first_row = block * args.block_rows;
-  const int block_rows = min(args.block_rows, args.seqlen - block_first_row);
-  const int first_row = block_first_row + slice * kSliceRows<T>;
-  const int rows = min(kSliceRows<T>, block_rows - slice * kSliceRows<T>);
-  if (rows <= 0) {  // a slice past the end of a short last block
-    return;
-  }
-  float* const descale =
-      args.descale + (int64_t{batch} * args.heads + head) * args.blocks_per_head + block;
-  const int passes = (rows + T::kRowsPerPass - 1) / T::kRowsPerPass;
-  const int slot = threadIdx.x / T::kLanesPerRow;  // the row of each pass
+  const int row = threadIdx.x / T::kLanesPerRow;  // the thread's row of an item
   const int lane_in_row = threadIdx.x % T::kLanesPerRow;
-
-  const uint16_t* x = args.x + batch * args.x_stride.batch + head * args.x_stride.head +
-                      first_row * args.x_stride.seq;
-  uint8_t* x_fp8 = args.x_fp8 + batch * args.x_fp8_stride.batch + head * args.x_fp8_stride.head +
-                   first_row * args.x_fp8_stride.seq;
   if constexpr (kHadamard) {
     fill_sign_masks<kHeadDim>(args.sign_bits, sign_masks);
+    __syncthreads();
   }
-
-  // Every lane of a warp runs every pass (the butterflies shuffle); rows past
-  // the block load zeros and store nothing.
-  const auto row_of = [&](int pass) { return pass * T::kRowsPerPass + slot; };
-  const auto load = [&](int pass) {
-    const int row = row_of(pass);
-    return load_row<kHeadDim>(x + row * args.x_stride.seq, row < rows, lane_in_row);
+  const auto row_in = [&](const QuantizeItem& it) {
+    return args.x + it.batch * args.x_stride.batch + it.head * args.x_stride.head +
+           (it.first_row + row) * args.x_stride.seq;
+  };
+  const auto descale_of = [&](const QuantizeItem& it) {
+    return args.descale + (int64_t{it.batch} * args.heads + it.head) * args.blocks_per_head +
+           it.block;
   };
   const auto transform = [&](RawFragment<kHeadDim> raw) {
     if constexpr (kHadamard) {
@@ -164,82 +191,77 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
     }
     return f;
   };
-  const auto store = [&](const Fragment& f, int pass, float factor) {
-    const int row = row_of(pass);
+  // The item's codes: to the thread's row of x_fp8, or (kVLayout) into the
+  // shared tile, whose columns then go out as rows of the Fp8V tensor, up
+  // to the item's last whole group of 16 slots (zeros past seqlen), in
+  // 8-byte pieces.
+  const auto store = [&](const QuantizeItem& it, const Fragment& f, float factor) {
     if constexpr (kVLayout) {  // every row of the tile, zeros past the block
       const int slot = row / kFp8VKeyGroup * kFp8VKeyGroup + fp8v_slot(row % kFp8VKeyGroup);
-      store_codes_transposed(f, factor, v_tile, kVTilePitch<T>, slot, row < rows, lane_in_row);
-    } else {
-      store_codes(f, factor, x_fp8 + row * args.x_fp8_stride.seq, row < rows, lane_in_row);
-    }
-  };
-  // kVLayout, after the encode pass: the tile's columns to their Fp8V rows,
-  // up to the CTA's last whole group of 16 slots (zeros past seqlen), in
-  // 8-byte pieces.
-  const auto write_v_tile = [&] {
-    if constexpr (kVLayout) {
+      store_codes_transposed(f, factor, v_tile, kVTilePitch<T>, slot, row < it.rows,
+                             lane_in_row);
       __syncthreads();
-      const int pieces = (rows + kFp8VKeyGroup - 1) / kFp8VKeyGroup * kFp8VKeyGroup / 8;
+      const int pieces = (it.rows + kFp8VKeyGroup - 1) / kFp8VKeyGroup * kFp8VKeyGroup / 8;
       uint8_t* out = args.v_out +
-                     (int64_t{batch} * args.heads + head) * kHeadDim * args.v_padded + first_row;
+                     (int64_t{it.batch} * args.heads + it.head) * kHeadDim * args.v_padded +
+                     it.first_row;
       for (int i = threadIdx.x; i < kHeadDim * pieces; i += T::kThreads) {
         const int column = i / pieces, piece = i % pieces;
         *reinterpret_cast<uint2*>(out + column * args.v_padded + piece * 8) =
             *reinterpret_cast<const uint2*>(v_tile + column * kVTilePitch<T> + piece * 8);
       }
+    } else {
+      uint8_t* out = args.x_fp8 + it.batch * args.x_fp8_stride.batch +
+                     it.head * args.x_fp8_stride.head +
+                     (it.first_row + row) * args.x_fp8_stride.seq;
+      store_codes(f, factor, out, row < it.rows, lane_in_row);
     }
   };
 
-  if constexpr (kPass == QuantizePass::kEncode) {
-    // The block's amax, from kAmax.
-    const float factor = factor_of_scale(scale_of_amax(*descale, args.norm), args.norm);
-    if constexpr (kHadamard) {
-      __syncthreads();  // the sign masks
-    }
-    for (int p = 0; p < passes; ++p) {
-      store(transform(load(p)), p, factor);
-    }
-    write_v_tile();
-  } else {
-    // Amax pass: all cached loads in flight before the first transform.
-    RawFragment<kHeadDim> raw[T::kCachedPasses];
-#pragma unroll
-    for (int p = 0; p < T::kCachedPasses; ++p) {
-      raw[p] = load(p);
-    }
-    if constexpr (kHadamard) {
-      __syncthreads();  // the sign masks
-    }
-    float amax = 0.0f;
-    Fragment cached[T::kCachedPasses];
-#pragma unroll
-    for (int p = 0; p < T::kCachedPasses; ++p) {
-      if (p < passes) {
-        cached[p] = transform(raw[p]);
-        amax = fragment_amax(cached[p], amax);
+  if constexpr (kPass == QuantizePass::kWhole) {
+    // Persistent: items blockIdx.x, + gridDim.x, ...; the next one's row
+    // copied in while this one is transformed, reduced and encoded.
+    const int items = args.num_blocks;
+    const auto stage_item = [&](int index, int stage) {
+      if (index < items) {
+        const QuantizeItem it = quantize_item<T>(args, index, 1);
+        const bool valid = row < it.rows;  // else no byte is read: x itself stands in
+        stage_row<kHeadDim>(staging + stage * T::kChunks * T::kThreads,
+                            valid ? row_in(it) : args.x, valid, lane_in_row);
       }
+      cp_async_commit();  // an empty group past the last item, so that the wait counts hold
+    };
+    int stage = 0;
+    stage_item(static_cast<int>(blockIdx.x), stage);
+    for (int index = static_cast<int>(blockIdx.x); index < items;
+         index += static_cast<int>(gridDim.x), stage ^= 1) {
+      stage_item(index + static_cast<int>(gridDim.x), stage ^ 1);
+      cp_async_wait<1>();  // this item's row
+      const QuantizeItem it = quantize_item<T>(args, index, 1);
+      const Fragment f =
+          transform(staged_row<kHeadDim>(staging + stage * T::kChunks * T::kThreads));
+      const float amax = cta_amax<T>(fragment_amax(f, 0.0f), warp_amax[stage]);
+      const float scale = scale_of_amax(amax, args.norm);
+      if (threadIdx.x == 0) {
+        *descale_of(it) = scale;
+      }
+      store(it, f, factor_of_scale(scale, args.norm));
     }
-
-    amax = cta_amax<T>(amax, warp_amax);
-    if constexpr (kPass == QuantizePass::kAmax) {
+  } else {
+    const QuantizeItem it = quantize_item<T>(args, static_cast<int>(blockIdx.x), slices);
+    if (it.rows == 0) {  // the whole CTA, after no barrier but the sign masks'
+      return;
+    }
+    const Fragment f = transform(load_row<kHeadDim>(row_in(it), row < it.rows, lane_in_row));
+    float* const descale = descale_of(it);
+    if constexpr (kPass == QuantizePass::kEncode) {
+      // The block's amax, from kAmax.
+      store(it, f, factor_of_scale(scale_of_amax(*descale, args.norm), args.norm));
+    } else {
+      const float amax = cta_amax<T>(fragment_amax(f, 0.0f), warp_amax[0]);
       if (threadIdx.x == 0) {  // amax >= 0, so its bits order as unsigned integers
         atomicMax(reinterpret_cast<unsigned*>(descale), __float_as_uint(amax));
       }
-    } else {
-      const float scale = scale_of_amax(amax, args.norm);
-      if (threadIdx.x == 0) {
-        *descale = scale;
-      }
-      const float factor = factor_of_scale(scale, args.norm);
-
-      // Encode pass.
-#pragma unroll
-      for (int p = 0; p < T::kCachedPasses; ++p) {
-        if (p < passes) {
-          store(cached[p], p, factor);
-        }
-      }
-      write_v_tile();
     }
   }
 }
@@ -268,6 +290,7 @@ sm90::fp8::QuantizeArgs quantize_args(const QuantizeParams& p) {
   args.heads = p.heads;
   args.block_rows = p.block_rows;
   args.blocks_per_head = p.blocks_per_head;
+  args.num_blocks = p.num_blocks;
   args.v_out = static_cast<uint8_t*>(p.v_out);
   args.v_padded = fp8_v_padded_seqlen(p.seqlen);
   // The reference's expression (ref::quantize_e4m3), evaluated on the host.
@@ -295,8 +318,17 @@ Status launch_quantize_sm90(const QuantizeParams& p, cudaStream_t stream) {
   };
   const int slices = slices_per_block<T>(p.block_rows);
   if (slices == 1) {
-    quantize_kernel<kDType, kHeadDim, kHadamard, kVLayout, QuantizePass::kWhole>
-        <<<static_cast<unsigned>(p.num_blocks), T::kThreads, 0, stream>>>(args);
+    // Persistent: kMinBlocksPerSm CTAs an SM (the staging fits them), or one a block.
+    constexpr auto kernel = quantize_kernel<kDType, kHeadDim, kHadamard, kVLayout,
+                                            QuantizePass::kWhole>;
+    constexpr int kSmem = kQuantizeStagingBytes<kHeadDim>;
+    const KernelSetup setup = setup_kernel<kernel, 1>(T::kThreads, kSmem, p.device);
+    if (setup.err != cudaSuccess) {
+      return failed("setting up the kernel", setup.err);
+    }
+    const int64_t resident = int64_t{p.num_sms} * T::kMinBlocksPerSm;
+    kernel<<<static_cast<unsigned>(std::min<int64_t>(p.num_blocks, resident)), T::kThreads, kSmem,
+             stream>>>(args);
   } else {
     const auto grid = static_cast<unsigned>(int64_t{p.num_blocks} * slices);
     constexpr int kFinishThreads = 256;

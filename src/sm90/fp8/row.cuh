@@ -52,9 +52,10 @@ struct QuantizeTraits {
   // pass: the 128 rows of one CTA (a default block, or a slice of a longer
   // one; quantize.cu) are read once.
   static constexpr int kCachedPasses = 1;
-  // At head dim 256 the cached rows alone take 64 registers a thread, more
-  // than two CTAs of 512 threads leave; below it two CTAs share an SM, so
-  // one's loads overlap the other's arithmetic.
+  // At head dim 256 the row alone takes 64 registers a thread, more than
+  // two CTAs of 512 threads leave, and its staging (quantize.cu: two items'
+  // rows, 128 KB) one CTA's shared memory; below it two CTAs share an SM
+  // (32 or 64 KB of staging each).
   static constexpr int kMinBlocksPerSm = kHeadDim == kMaxHeadDim ? 1 : 2;
 
   static_assert(kChunks >= 1 && kChunks * kLanesPerRow * kChunkElems == kHeadDim,
@@ -101,6 +102,41 @@ __device__ RawFragment<kHeadDim> load_row(const void* row, bool valid, int lane_
 #pragma unroll
   for (int c = 0; c < T::kChunks; ++c) {
     raw.chunk[c] = valid ? __ldg(chunks + c * T::kLanesPerRow + lane_in_row) : uint4{};
+  }
+  return raw;
+}
+
+// The same chunks copied into shared memory without registers (cp.async,
+// 16 bytes each; zeros where !valid): slot `c` of chunk c at staging[c *
+// kThreads + threadIdx.x]. Complete, for this thread, after its
+// cp_async_commit and cp_async_wait; read back with staged_row.
+template <int kHeadDim>
+__device__ void stage_row(uint4* staging, const void* row, bool valid, int lane_in_row) {
+  using T = QuantizeTraits<kHeadDim>;
+  const uint4* chunks = static_cast<const uint4*>(row);
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+    const uint32_t dst = static_cast<uint32_t>(
+        __cvta_generic_to_shared(staging + c * T::kThreads + threadIdx.x));
+    const uint4* src = valid ? chunks + c * T::kLanesPerRow + lane_in_row : chunks;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+  }
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Until at most kPending of this thread's committed groups are in flight.
+template <int kPending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+template <int kHeadDim>
+__device__ RawFragment<kHeadDim> staged_row(const uint4* staging) {
+  using T = QuantizeTraits<kHeadDim>;
+  RawFragment<kHeadDim> raw;
+#pragma unroll
+  for (int c = 0; c < T::kChunks; ++c) {
+    raw.chunk[c] = staging[c * T::kThreads + threadIdx.x];
   }
   return raw;
 }
