@@ -16,8 +16,8 @@
 // The CTAs are persistent (kMinBlocksPerSm an SM, items blockIdx.x, +
 // gridDim.x, ...), so that an SM's loads stay in flight through its
 // arithmetic and its CTA's barriers (each CTA's load, then compute, left
-// the memory idle in between: head dim 256 ran one CTA an SM at 0.73 of the
-// copy's bandwidth on the H100).
+// the memory idle in between: on the H100 head dims 64 / 128 / 256 went
+// from 0.70 / 0.88 / 0.73 of the copy's bandwidth to 0.81 / 0.90 / 0.87).
 // (ref::quantize_e4m3 computes the same floats in the same order.)
 // Longer blocks (one scale per head: block_rows = seqlen) are cut into
 // slices of kSliceRows rows, one CTA each, in three launches after zeroing
