@@ -27,7 +27,7 @@
 // block gave 16 CTAs to a d128 16k tensor: 1.63 ms against 0.16 ms with
 // 128-row blocks.) Both paths give the same bits: max is exact.
 // Rows past seqlen are neither read nor written nor counted in amax.
-// kVLayout (quantize_fp8_v): the encode pass puts the codes into a shared
+// kVLayout (quantize_fp8_v): the encode step puts the codes into a shared
 // tile, key-major per column and with the slots of every 16 keys permuted as
 // the FP8 forward reads V (flash3::Fp8V), and the CTA writes the tile's
 // columns out as rows of the Fp8V tensor, zeros in the slots past seqlen of
@@ -76,7 +76,7 @@ __device__ __forceinline__ float scale_of_amax(float amax, float norm) {
   const float scale = __fdiv_rn(__fmul_rn(amax, norm), kE4m3Max);
   return scale == 0.0f ? kUnitScale : fmaxf(scale, kMinScale);
 }
-// What the encode pass multiplies by: norm / scale.
+// What the encode step multiplies by: norm / scale.
 __device__ __forceinline__ float factor_of_scale(float scale, float norm) {
   return __fdiv_rn(norm, scale);
 }
@@ -102,10 +102,10 @@ __device__ float cta_amax(float amax, float* warp_amax) {
   return amax;
 }
 
-// The rows one CTA covers (all of them in registers between its passes): a
+// The rows one CTA covers (one a thread, in registers from load to encode): a
 // whole block, or one slice of a longer one.
 template <class T>
-inline constexpr int kSliceRows = T::kCachedPasses * T::kRowsPerPass;
+inline constexpr int kSliceRows = T::kRows;
 
 // How many slices a block of block_rows rows is cut into (1: one kWhole CTA).
 template <class T>
@@ -158,13 +158,13 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
   using Fragment = RowFragment<kHeadDim>;
   static_assert(!kVLayout || kPass != QuantizePass::kAmax, "kAmax stores no codes");
   static_assert(kSliceRows<T> % kFp8VKeyGroup == 0, "a CTA's rows are whole key groups");
-  static_assert(T::kCachedPasses == 1, "a thread holds one row of an item");
   // Two sets, one per item in turn (kWhole): a thread may write the next
   // item's maxima while another still reads this item's.
   __shared__ float warp_amax[kQuantizeStages][T::kWarps];
   __shared__ alignas(sizeof(uint4)) uint32_t sign_masks[kHeadDim / 2];
   __shared__ alignas(sizeof(uint2)) uint8_t v_tile[kVLayout ? kHeadDim * kVTilePitch<T> : 1];
   extern __shared__ uint4 staging[];  // kWhole: kQuantizeStagingBytes
+  const auto staging_of = [&](int stage) { return staging + stage * T::kChunks * T::kThreads; };
 
   const int slices = slices_per_block<T>(args.block_rows);
   const int row = threadIdx.x / T::kLanesPerRow;  // the thread's row of an item
@@ -226,8 +226,7 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
       if (index < items) {
         const QuantizeItem it = quantize_item<T>(args, index, 1);
         const bool valid = row < it.rows;  // else no byte is read: x itself stands in
-        stage_row<kHeadDim>(staging + stage * T::kChunks * T::kThreads,
-                            valid ? row_in(it) : args.x, valid, lane_in_row);
+        stage_row<kHeadDim>(staging_of(stage), valid ? row_in(it) : args.x, valid, lane_in_row);
       }
       cp_async_commit();  // an empty group past the last item, so that the wait counts hold
     };
@@ -238,8 +237,7 @@ __global__ void __launch_bounds__(QuantizeTraits<kHeadDim>::kThreads,
       stage_item(index + static_cast<int>(gridDim.x), stage ^ 1);
       cp_async_wait<1>();  // this item's row
       const QuantizeItem it = quantize_item<T>(args, index, 1);
-      const Fragment f =
-          transform(staged_row<kHeadDim>(staging + stage * T::kChunks * T::kThreads));
+      const Fragment f = transform(staged_row<kHeadDim>(staging_of(stage)));
       const float amax = cta_amax<T>(fragment_amax(f, 0.0f), warp_amax[stage]);
       const float scale = scale_of_amax(amax, args.norm);
       if (threadIdx.x == 0) {

@@ -47,11 +47,9 @@ struct QuantizeTraits {
   static constexpr int kChunkElems = 8;  // 16 bytes of fp16/bf16 in, 8 bytes of e4m3 out
   static constexpr int kChunks = kHeadDim / (kLanesPerRow * kChunkElems);  // per lane: 2, 4, 8
   static constexpr int kChunkWords = kChunkElems / 2;                      // 32-bit words in
-  static constexpr int kRowsPerPass = kThreads / kLanesPerRow;             // 128 rows side by side
-  // Passes whose rows stay in registers from the amax pass to the encode
-  // pass: the 128 rows of one CTA (a default block, or a slice of a longer
-  // one; quantize.cu) are read once.
-  static constexpr int kCachedPasses = 1;
+  // A CTA's rows side by side, one a thread's lanes (128): a default block,
+  // or a slice of a longer one (quantize.cu), each row read once.
+  static constexpr int kRows = kThreads / kLanesPerRow;
   // At head dim 256 the row alone takes 64 registers a thread, more than
   // two CTAs of 512 threads leave, and its staging (quantize.cu: two items'
   // rows, 128 KB) one CTA's shared memory; below it two CTAs share an SM
