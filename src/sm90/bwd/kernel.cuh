@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
   const WarpRole role = warpgroup > 0 ? WarpRole::kConsumer
                         : warp == 0   ? WarpRole::kProducer
-                        : warp == 1   ? WarpRole::kDqWriter
-                                      : WarpRole::kIdle;
+                        : warp <= Mainloop<T, kCausal, kLocal>::kDqWriters ? WarpRole::kDqWriter
+                                                                           : WarpRole::kIdle;
   if (threadIdx.x == 0) {
     init_barriers(smem);
     tma_prefetch_descriptor(&args.q);
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         mainloop.load_all();
       }
     } else if (role == WarpRole::kDqWriter) {
-      mainloop.write_dq_all();
+      mainloop.write_dq_all(warp - 1);
     }
   } else {
     registers_acquire<T::kConsumerRegisters>();

@@ -37,7 +37,7 @@ struct Mainloop {
   static constexpr int kBlockN = T::kBlockN;
   static constexpr int kHeadDim = T::kHeadDim;
   static constexpr int kSwizzleCols = T::kSwizzleCols;
-  // The dQ hand-off joins the consumers and the writer warp.
+  // A dQ hand-off joins the consumers and one writer warp.
   static constexpr uint32_t kDqSyncThreads = T::kConsumerThreads + 32;
 
   SharedStorage<T>& smem;
@@ -147,20 +147,38 @@ struct Mainloop {
   // per block: sync.cuh, semaphore_claim). Deterministic: the key blocks add
   // in order (dq_turn), the first one storing. The post-pass reads a block
   // that nobody wrote as zeros.
+  // Two writer warps take the steps in turn (writer w the steps of rank
+  // m - m_begin = w mod 2), so that one's wait for its turn (or claim) and
+  // the bulk operation's read of the tile run while the other waits for the
+  // completion of its own and releases the next key block's turn: one warp
+  // took as long as a step (H100, head dim 128, 2.9 us), and head dim 256's
+  // deterministic kernels made the consumers wait for it (exp/det-trace).
+  // The one staging tile passes from writer to writer: the consumers stage
+  // step m once the writer of step m - 1 has read that step's tile
+  // (dq_empty(m - 1's writer)), and tell step m's writer (dq_full).
   // T::kDqAtomic: nothing (the consumers add dQ themselves: add_dq, into
   // sums the pre-pass zeroes).
-  __device__ void write_dq_all() {
+  static constexpr int kDqWriters = 2;
+  __device__ static NamedBarrier dq_full(int writer) {
+    return writer == 0 ? NamedBarrier::kBwdDqFull0 : NamedBarrier::kBwdDqFull1;
+  }
+  __device__ static NamedBarrier dq_empty(int writer) {
+    return writer == 0 ? NamedBarrier::kBwdDqEmpty0 : NamedBarrier::kBwdDqEmpty1;
+  }
+  __device__ int dq_writer(int m) const { return (m - m_begin) % kDqWriters; }
+  __device__ void write_dq_all(int writer) {
     if constexpr (!T::kDqAtomic) {
-      write_dq_staged();
+      write_dq_staged(writer);
     }
   }
-  __device__ void write_dq_staged() {
+  __device__ void write_dq_staged(int writer) {
     const bool leader = threadIdx.x % 32 == 0;
-    if (m_begin < m_end) {
-      named_barrier_arrive(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+    // The first step's tile is free: its predecessor's writer says so.
+    if (m_begin < m_end && writer == kDqWriters - 1) {
+      named_barrier_arrive(dq_empty(writer), kDqSyncThreads);
     }
-    for (int m = m_begin; m < m_end; ++m) {
-      named_barrier_sync(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+    for (int m = m_begin + writer; m < m_end; m += kDqWriters) {
+      named_barrier_sync(dq_full(writer), kDqSyncThreads);
       const int block = query_block(m);
       int* state = args.dq_state + blk.q.ws_row0 / kBlockM + block;
       const int turn = dq_turn(block);
@@ -187,7 +205,7 @@ struct Mainloop {
       }
       __syncwarp();
       if (m + 1 < m_end) {
-        named_barrier_arrive(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+        named_barrier_arrive(dq_empty(writer), kDqSyncThreads);
       }
       if (leader && (args.deterministic || first)) {
         tma_store_wait_all();
@@ -521,18 +539,20 @@ struct Mainloop {
   // the workspace from registers); staged(): what the warpgroup does once dQ
   // is staged, before the hand-off's fence and arrive (kScoresAhead: the
   // next S^T).
+  // m: the step (its query block is query_block(m)).
   template <class Staged = void (*)()>
   __device__ void hand_off_dq(const float (&dq)[T::kDqRowGroups][T::kDqAccRegs], int warpgroup,
                               int m, Staged staged = [] {}) {
     if constexpr (T::kDqAtomic) {
-      add_dq(dq, warpgroup, m);
+      add_dq(dq, warpgroup, query_block(m));
       staged();
     } else {
-      named_barrier_sync(NamedBarrier::kBwdDqEmpty, kDqSyncThreads);
+      const int writer = dq_writer(m);
+      named_barrier_sync(dq_empty(writer == 0 ? kDqWriters - 1 : writer - 1), kDqSyncThreads);
       stage_dq(dq, warpgroup);
       staged();
       fence_view_async_shared();
-      named_barrier_arrive(NamedBarrier::kBwdDqFull, kDqSyncThreads);
+      named_barrier_arrive(dq_full(writer), kDqSyncThreads);
     }
   }
   // The end of a step: the Q and dO stage released, and dQ handed over.
@@ -641,7 +661,7 @@ struct Mainloop {
         }
       };
       if (!T::kScoresAhead || m + 1 == m_end) {
-        hand_off_dq(dq, warpgroup, query_block(m));
+        hand_off_dq(dq, warpgroup, m);
         release_q(std::false_type{});
         if (T::kScoresAhead) {
           break;
@@ -651,7 +671,7 @@ struct Mainloop {
       // kScoresAhead: the next step's S^T GEMM issued once dQ is staged (its
       // registers free), so that it runs while this warpgroup hands dQ
       // over and the next step waits for dO.
-      hand_off_dq(dq, warpgroup, query_block(m), [&] {
+      hand_off_dq(dq, warpgroup, m, [&] {
         Pipeline next = pipe;
         next.advance();
         smem.q_full[next.stage].wait(next.phase);
@@ -759,7 +779,7 @@ struct Mainloop {
           fence_operands(dq[rg]);
         }
         smem.do_empty[stage].arrive();
-        hand_off_dq(dq, kW, query_block(m));
+        hand_off_dq(dq, kW, m);
         mma_wait<0>();
         fence_operands(dk);
         smem.q_empty[stage].arrive();
@@ -779,7 +799,7 @@ struct Mainloop {
       for (int rg = 0; rg < T::kDqRowGroups; ++rg) {
         fence_operands(dq[rg]);
       }
-      finish_step(stage, dq, kW, query_block(m));
+      finish_step(stage, dq, kW, m);
     }
     if (kW == 0 && m_begin < m_end) {
       smem.v_full.wait(0);  // V landed before the dK / dV epilogue may write over it

@@ -137,8 +137,8 @@ struct Traits {
   static_assert(kBlockM == block_m(kHeadDim, kHeadDimV) && kBlockN == block_n(kHeadDim, kHeadDimV),
                 "workspace.hpp sizes the workspace with these tiles");
 
-  // Warp roles: warpgroup 0 holds the producer warp (TMA loads) and the dQ
-  // writer warp (bulk reduce-adds of dQ); the two others each own 64 keys,
+  // Warp roles: warpgroup 0 holds the producer warp (TMA loads) and the two
+  // dQ writer warps (bulk reduce-adds of dQ); the two others each own 64 keys,
   // or (kDimSplit) both the same 64 keys and half the head dim of dK and dV
   // each (64 keys x 256 of dK and dV would be 256 registers a thread), one
   // computing S^T and P^T, the other dP^T and dS^T (Mainloop::compute_split).

@@ -67,13 +67,16 @@ enum class NamedBarrier : uint32_t {
   kSchedulerConsumer2 = 6,
   // Backward (bwd/mainloop.cuh): both consumer warpgroups' dS tiles are in
   // shared memory; the dQ tile is staged (consumers -> dQ writer) and free
-  // again (writer -> consumers); the GQA dK/dV hand-off in deterministic mode.
+  // again (writer -> consumers), one pair per dQ writer warp (the steps of
+  // even and of odd rank); the GQA dK/dV hand-off in deterministic mode.
   kBwdDsReady = 7,
-  kBwdDqFull = 8,
-  kBwdDqEmpty = 9,
+  kBwdDqFull0 = 8,
+  kBwdDqEmpty0 = 9,
   kBwdDkvStored = 10,
   kBwdPReady = 11,  // kDimSplit: warpgroup 0's P^T tile is in shared memory
   kBwdDqPartial = 12,  // kDqKeySplit: warpgroup 0's partial dQ is staged
+  kBwdDqFull1 = 13,
+  kBwdDqEmpty1 = 14,
   kScheduleFence = 15,  // one warp arrives, nobody waits: see schedule_after()
 };
 
