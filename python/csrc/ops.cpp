@@ -643,6 +643,13 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                                            double softcap) {
   auto [out, lse] = varlen_outputs(q, v);
   OnDevice on(q, "q");
+  if (seqused_q.has_value()) {
+    // No kernel writes the rows past a sequence's used ones: zeros and +inf,
+    // as rows that see no key, so that the outputs are the same from call to
+    // call (FlashAttention-3's operator checks compare two calls' whole tensors).
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+  }
   const at::Device device = q.device();
   for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"k", k}, {"v", v}}) {
     TORCH_CHECK_VALUE(t.dim() == 3, "flash3: ", name,

@@ -323,9 +323,15 @@ def test_varlen_backward_seqused_and_deterministic():
     used_k = torch.tensor([90, 1, 3, 64], dtype=torch.int32, device="cuda")
     grads = []
     for _ in range(3):
-        out = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, seqused_q=used_q, seqused_k=used_k,
-                                         causal=True, deterministic=True)
+        out, lse = fai.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 200, 200, seqused_q=used_q,
+                                              seqused_k=used_k, causal=True, deterministic=True,
+                                              return_attn_probs=True)
         grads.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    # The forward's unused rows: zeros and a log-sum-exp of +inf (no kernel writes them).
+    for b, length in enumerate(lengths):
+        rows = slice(int(cu_q[b]) + min(int(used_q[b]), length), int(cu_q[b]) + length)
+        assert out[rows].numel() == 0 or out[rows].abs().max().item() == 0
+        assert bool(torch.isposinf(lse[:, rows]).all())
     for again in grads[1:]:
         for a, b in zip(grads[0], again):
             assert torch.equal(a, b)
