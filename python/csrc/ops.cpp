@@ -585,11 +585,22 @@ std::tuple<Tensor, Tensor> combine_cuda(const Tensor& out_partial, const Tensor&
 }
 
 // Varlen (FlashAttention's packed layout): q, k, v (total, heads, headdim),
-// out like q, lse (heads_q, total_q); flash3 sees them as batch 1.
-std::tuple<Tensor, Tensor> varlen_outputs(const Tensor& q, const Tensor& v) {
+// out like q, lse (heads_q, total_q); flash3 sees them as batch 1. With
+// seqused_q no kernel writes the rows past a sequence's used ones: zeros
+// and an lse of +inf there, as rows that see no key, so that the outputs are
+// the same from call to call (FlashAttention-3's operator checks compare two
+// calls' whole tensors); the backward's gradients likewise
+// (varlen_backward_outputs).
+std::tuple<Tensor, Tensor> varlen_outputs(const Tensor& q, const Tensor& v, bool seqused_q) {
   TORCH_CHECK_VALUE(q.dim() == 3, "flash3: q must be a 3-d tensor (total_q, heads, headdim) for "
                     "a varlen batch, got ", q.dim(), " dimensions");
-  return {out_like(q, v), at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat))};
+  Tensor out = out_like(q, v);
+  Tensor lse = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+  if (seqused_q) {
+    out.zero_();
+    lse.fill_(std::numeric_limits<float>::infinity());
+  }
+  return {out, lse};
 }
 
 const int* offsets_of(const Tensor& cu, const char* name, const at::Device& device) {
@@ -641,15 +652,8 @@ std::tuple<Tensor, Tensor> fwd_varlen_cuda(const Tensor& q, const Tensor& k, con
                                            bool /*deterministic: the backward's*/,
                                            int64_t window_left, int64_t window_right, int64_t attention_chunk,
                                            double softcap) {
-  auto [out, lse] = varlen_outputs(q, v);
+  auto [out, lse] = varlen_outputs(q, v, seqused_q.has_value());
   OnDevice on(q, "q");
-  if (seqused_q.has_value()) {
-    // No kernel writes the rows past a sequence's used ones: zeros and +inf,
-    // as rows that see no key, so that the outputs are the same from call to
-    // call (FlashAttention-3's operator checks compare two calls' whole tensors).
-    out.zero_();
-    lse.fill_(std::numeric_limits<float>::infinity());
-  }
   const at::Device device = q.device();
   for (const auto& [name, t] : {std::pair<const char*, const Tensor&>{"k", k}, {"v", v}}) {
     TORCH_CHECK_VALUE(t.dim() == 3, "flash3: ", name,
@@ -743,10 +747,10 @@ std::tuple<Tensor, Tensor, Tensor> bwd_varlen_meta(
 std::tuple<Tensor, Tensor> fwd_varlen_meta(const Tensor& q, const Tensor&, const Tensor& v,
                                            const Tensor&, const Tensor&, int64_t,
                                            std::optional<double>, bool,
-                                           const std::optional<Tensor>&,
+                                           const std::optional<Tensor>& seqused_q,
                                            const std::optional<Tensor>&, bool, int64_t, int64_t,
                                            int64_t, double) {
-  return varlen_outputs(q, v);
+  return varlen_outputs(q, v, seqused_q.has_value());
 }
 
 // KV cache (FlashAttention's flash_attn_with_kvcache without pages or
